@@ -1,0 +1,312 @@
+"""Algorithm 1 (cifar_fpo.py): hand computations of its pieces and tiny end-to-end runs on the CPU."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import cifar_fpo  # noqa: E402
+
+TINY_UNET = {
+    "_class_name": "UNet2DModel",
+    "sample_size": 32,
+    "in_channels": 3,
+    "out_channels": 3,
+    "block_out_channels": [16, 32],
+    "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+    "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+    "layers_per_block": 1,
+    "norm_num_groups": 8,
+    "norm_eps": 1e-5,
+    "attention_head_dim": None,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "downsample_padding": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_unet")
+    torch.manual_seed(0)
+    net = cifar_fpo.UNet2D.from_config(TINY_UNET)
+    cifar_fpo.save_unet(net, folder, dtype=torch.float32)
+    return folder
+
+
+TINY_FLAGS = ["--preset", "quick", "--reward", "red-patch", "--device", "cpu", "--batch-size", "4",
+              "--group-size", "2", "--mc-draws", "2", "--sample-steps", "2", "--val-every", "2",
+              "--val-banks", "1", "--val-bank-size", "4", "--calib-bank-size", "8", "--fit-batch-size", "4",
+              "--learning-rate", "1e-3", "--no-verbose"]
+
+
+def run_script(args, cwd, timeout=300, check=True):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "cifar_fpo.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cifar_fpo.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def strip_times(records):
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in records]
+
+
+# ------------------------------------------------------------------------------------------------
+# pieces against hand computations
+# ------------------------------------------------------------------------------------------------
+def test_group_advantages_use_sample_sd_and_epsilon():
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0, 10.0, 10.0, 10.0])
+    a = cifar_fpo.group_advantages(r, group_size=4, eps=1e-6)
+    g = np.array([1.0, 2.0, 3.0, 4.0])
+    sd = math.sqrt(((g - g.mean()) ** 2).sum() / 3)  # (G-1) denominator, app:cifar
+    np.testing.assert_allclose(a[:4].numpy(), (g - g.mean()) / (sd + 1e-6), rtol=1e-6)
+    assert torch.all(a[4:] == 0)  # a constant group has zero advantage, no division by zero
+
+
+def test_fpo_loss_matches_hand_computation():
+    l_old = torch.tensor([[0.30, 0.50], [0.20, 0.40], [0.10, 0.10]])
+    l_new = torch.tensor([[0.10, 0.30], [0.60, 0.40], [0.10, 0.10]])
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    a = 2.0
+    loss, ratio = cifar_fpo.fpo_loss(l_old, l_new, adv, a, clip_ratio=0.08, log_ratio_clip=20.0)
+    d = a * (l_old - l_new).mean(dim=1)  # eq:rl-mc
+    r = torch.exp(d)
+    expect = -torch.minimum(r * adv, r.clamp(0.92, 1.08) * adv).mean()  # eq:rl-ppo
+    assert torch.allclose(ratio, r)
+    assert torch.allclose(loss, expect)
+    # sample 0: r = e^0.4 > 1.08 with A > 0 -> clipped term 1.08 A is the minimum
+    assert math.isclose(float(-(1.08 * 1.0 + torch.minimum(r[1] * -2, r[1].clamp(0.92, 1.08) * -2) + 0.5) / 3),
+                        float(loss), rel_tol=1e-6)
+
+
+def test_fpo_loss_clamps_log_surrogate_and_weights_draws():
+    l_old = torch.tensor([[100.0, 100.0]])
+    l_new = torch.zeros(1, 2)
+    _, ratio = cifar_fpo.fpo_loss(l_old, l_new, torch.ones(1), 1.0, log_ratio_clip=20.0)
+    assert math.isclose(float(ratio), math.exp(20.0), rel_tol=1e-6)
+    mult = torch.tensor([[2.0, 0.0]])  # explicit estimator: per-draw multipliers
+    _, ratio = cifar_fpo.fpo_loss(torch.tensor([[0.3, 5.0]]), torch.tensor([[0.1, 0.0]]), torch.ones(1), mult)
+    assert math.isclose(float(ratio), math.exp(2.0 * 0.2 / 2), rel_tol=1e-6)
+
+
+class AffineVelocity(torch.nn.Module):
+    """net(x, timestep) = c * x + timestep/1000: a model whose losses can be written by hand."""
+
+    def __init__(self, c=0.5):
+        super().__init__()
+        self.c = torch.nn.Parameter(torch.tensor(c))
+
+    def forward(self, x, timestep):
+        return self.c * x + (timestep / 1000.0).view(-1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("convention", ["sigma", "t"])
+def test_velocity_losses_by_hand(convention):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 3, 32, 32, generator=g)
+    t = torch.rand(3, 2, generator=g)
+    eps = torch.randn(3, 2, 3, 32, 32, generator=g)
+    net = AffineVelocity()
+    with torch.no_grad():
+        losses = cifar_fpo.velocity_losses(net, x, t, eps, convention)
+    for i in range(3):
+        for m in range(2):
+            tt = float(t[i, m])
+            x_t = (1 - tt) * eps[i, m] + tt * x[i]
+            u = x[i] - eps[i, m]
+            if convention == "sigma":  # timestep 1000 (1-t), output negated
+                v = -(0.5 * x_t + (1 - tt))
+            else:
+                v = 0.5 * x_t + tt
+            assert math.isclose(float(losses[i, m]), float(((v - u) ** 2).mean()), rel_tol=1e-5)
+
+
+def test_euler_sampler_integrates_a_known_field():
+    # v(x, t) = 1 everywhere ('t' convention with c=0 and timestep 1000 t gives v = t): x1 = x0 + 1/2
+    net = AffineVelocity(c=0.0)
+    x0 = torch.zeros(2, 3, 32, 32)
+    x1 = cifar_fpo.sample_images(net, x0, steps=4, convention="t")
+    # Euler on v = t with 4 steps: sum_j (j/4) * 1/4 = (0+1+2+3)/16
+    assert torch.allclose(x1, torch.full_like(x1, 6 / 16))
+
+
+def test_stopping_rule():
+    args = cifar_fpo.resolve_args(cifar_fpo.Args(model="unused", min_updates_before_stop=40, stop_patience=3,
+                                                 stop_degrade_nodes=2, val_every=20))
+    rising = [{"update": 20 * i, "val_reward": 0.1 * i} for i in range(6)]
+    assert cifar_fpo.should_stop(rising, args) is None
+    flat = [{"update": 20 * i, "val_reward": v} for i, v in enumerate([0.1, 0.5, 0.5, 0.5, 0.5])]
+    assert cifar_fpo.should_stop(flat, args) == "plateau"
+    falling = [{"update": 20 * i, "val_reward": v} for i, v in enumerate([0.1, 0.9, 0.8, 0.3, 0.2])]
+    assert cifar_fpo.should_stop(falling, args) == "degradation"
+    early = [{"update": 20 * i, "val_reward": v} for i, v in enumerate([0.1, 0.9, 0.2])]
+    assert cifar_fpo.should_stop(early, args) is None  # before min_updates_before_stop
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(weighting="magic"), "--weighting 'magic'"),
+    (dict(batch_size=30, group_size=16), "not divisible"),
+    (dict(alpha=float("nan")), "--alpha is nan"),
+    (dict(estimator="q+x"), "--estimator"),
+    (dict(target="z"), "--target"),
+    (dict(preset="fast"), "--preset"),
+])
+def test_bad_arguments_raise_one_line_errors(bad, message):
+    with pytest.raises(ValueError, match=message.replace("+", r"\+").replace("(", r"\(")) as err:
+        cifar_fpo.resolve_args(cifar_fpo.Args(model="unused", **bad))
+    assert "\n" not in str(err.value)
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path):
+    proc = run_script(["--model", str(tmp_path / "missing"), "--reward", "red-patch"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and "missing" in last
+    proc = run_script(["--reward", "no-such-reward", "--model", str(tmp_path)], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "no-such-reward" in proc.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# whole-algorithm checks on a tiny U-Net
+# ------------------------------------------------------------------------------------------------
+def test_first_update_has_unit_ratio_and_moves_the_model(tiny_model):
+    args = cifar_fpo.Args(model=str(tiny_model), preset="quick", reward="red-patch", device="cpu", batch_size=4,
+                          group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1,
+                          val_bank_size=4, learning_rate=1e-3, verbose=False)
+    run = cifar_fpo.setup(args)
+    before = [p.detach().clone() for p in run.net.parameters()]
+    m = cifar_fpo.train_step(run)
+    # old and current losses use the same endpoints, times and noises and start from equal weights
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["ratio_max_dev"] < 1e-6
+    assert m["a_k"] == pytest.approx(1.0, rel=1e-9)  # alpha = 0 is the x0 anchor itself: a(q_x0, 1) = 1
+    changed = any(not torch.equal(a, b) for a, b in zip(before, run.net.parameters()))
+    assert changed and m["grad_norm"] > 0
+    # the frozen copy holds the pre-update weights
+    assert all(torch.equal(a, b) for a, b in zip(before, run.old_net.parameters()))
+    assert np.isfinite(run.c_x0) and run.bank_losses.shape == (8, 12)
+
+
+@pytest.mark.parametrize("weighting, extra", [
+    ("fixed", ["--alpha", "-2", "--estimator", "q+Z"]),
+    ("fixed", ["--target", "eps", "--estimator", "explicit"]),
+    ("schedule", ["--alpha-early", "-3", "--alpha-late", "1", "--k0", "1", "--k1", "3"]),
+    ("static-softmax", ["--eta", "1.0"]),
+    ("static-direct", []),
+    ("online-ema", []),
+    ("online-refit", ["--refit-every", "2"]),
+])
+def test_every_weighting_runs(tiny_model, tmp_path, weighting, extra):
+    import tyro
+
+    flags = [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--weighting", weighting, *extra,
+             "--run-name", "w", "--runs-dir", str(tmp_path / "runs"), "--no-save-samples"]
+    cifar_fpo.main(tyro.cli(cifar_fpo.Args, args=flags))  # in-process: the same CLI parsing, no start-up cost
+    recs = [r for r in read_jsonl(tmp_path / "runs/w/metrics.jsonl") if r["kind"] == "update"]
+    assert [r["update"] for r in recs] == [0, 1, 2, 3]
+    for r in recs:
+        assert np.isclose(sum(r["q"]), 1.0, atol=1e-4) and len(r["q"]) == 12
+        assert np.isfinite(r["loss"]) and r["a_k"] > 0
+    if weighting == "schedule":
+        assert [r["alpha"] for r in recs] == [-3.0, -3.0, -1.0, 1.0]
+    if weighting == "online-refit":  # profile replaced after update 1 (k+1 = 2): from x0 to the refit
+        assert recs[1]["q"] == recs[0]["q"] and recs[2]["q"] != recs[1]["q"]
+    if weighting == "online-ema":  # starts uniform, deploys the first fit at the next update
+        assert np.allclose(recs[0]["q"], 1 / 12, atol=1e-6) and recs[1]["q"] != recs[0]["q"]
+
+
+def test_end_to_end_outputs(tiny_model, tmp_path):
+    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e",
+                       "--verbose"], cwd=tmp_path)
+    assert "C_x0" in proc.stdout
+    folder = tmp_path / "runs" / "e2e"
+    recs = read_jsonl(folder / "metrics.jsonl")
+    cal = [r for r in recs if r["kind"] == "calibration"]
+    ups = [r for r in recs if r["kind"] == "update"]
+    vals = [r for r in recs if r["kind"] == "validation"]
+    assert len(cal) == 1 and cal[0]["c_x0"] > 0
+    assert [r["update"] for r in ups] == [0, 1, 2, 3]
+    assert [r["update"] for r in vals] == [0, 2, 4]
+    for key in ("train_reward_mean", "train_reward_std", "loss", "ratio_mean", "ratio_max_dev", "clip_frac",
+                "grad_norm", "alpha", "q", "a_k"):
+        assert key in ups[0], key
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["updates_done"] == 4
+    assert summary["peak_val_reward"] == max(v["val_reward"] for v in vals)  # eq:peak
+    assert summary["peak_update"] in (0, 2, 4)
+    assert sorted(p.name for p in (folder / "samples").glob("*.png")) == [
+        "update_00000.png", "update_00002.png", "update_00004.png"]
+    ckpt = torch.load(folder / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["k"] == 4 and "optimizer" in ckpt and "rng" in ckpt
+    args = json.loads((folder / "args.json").read_text())
+    assert args["batch_size"] == 4 and args["reward"] == "red-patch"
+    # a second start without --resume must not overwrite finished work
+    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e"],
+                      cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "--resume" in proc.stderr
+
+
+def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
+    flags = [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "8", "--checkpoint-every", "1",
+             "--weighting", "online-ema"]
+    run_script([*flags, "--run-name", "straight"], cwd=tmp_path)
+    straight = strip_times(read_jsonl(tmp_path / "runs/straight/metrics.jsonl"))
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", "killed"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "runs/killed/metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and any(r.get("kind") == "update" and r["update"] >= 3 for r in read_jsonl_safe(log)):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    run_script([*flags, "--run-name", "killed", "--resume"], cwd=tmp_path)
+    resumed = strip_times(read_jsonl(tmp_path / "runs/killed/metrics.jsonl"))
+    assert resumed == straight
+    a = json.loads((tmp_path / "runs/straight/summary.json").read_text())
+    b = json.loads((tmp_path / "runs/killed/summary.json").read_text())
+    assert a["validation"] == b["validation"] and b["status"] == "finished"
+
+
+def read_jsonl_safe(path):
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return out
+
+
+def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_path):
+    # a huge learning rate drives the tiny model to non-finite losses within a few updates
+    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "30", "--run-name", "nan",
+                       "--learning-rate", "1e30", "--max-grad-norm", "1e30", "--clip-ratio", "0.99",
+                       "--checkpoint-every", "1"], cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / "runs/nan"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "nonfinite"
+    ckpt = torch.load(folder / "checkpoints" / "last.pt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert ckpt["k"] <= summary["updates_done"]
