@@ -116,13 +116,18 @@ def check_unet_config(config: dict) -> dict:
     """Validate a diffusers ``UNet2DModel`` config and return it completed with the defaults.
 
     Keys starting with ``_`` (``_class_name``, ``_diffusers_version``, ...), ``sample_size``,
-    ``num_train_timesteps`` and this project's ``fpo_convention`` do not change the network and
-    are kept as they are. Every setting that would need a layer not implemented here raises.
+    ``num_train_timesteps``, this project's ``fpo_convention`` and unknown keys set to ``None`` do
+    not change the network and are kept as they are. Every setting that would need a layer not
+    implemented here, and every other unknown key, raises.
     """
     cls_name = config.get("_class_name", "UNet2DModel")
     if cls_name != "UNet2DModel":
         raise ValueError(f"_class_name={cls_name!r} is not supported; only 'UNet2DModel' configs load")
-    unknown = sorted(k for k in config if not k.startswith("_") and k not in UNET_DEFAULTS and k != CONVENTION_KEY)
+    # Options added to diffusers later default to None (= off); any other unknown key may change the maths.
+    unknown = sorted(
+        k for k in config
+        if not k.startswith("_") and k not in UNET_DEFAULTS and k != CONVENTION_KEY and config[k] is not None
+    )
     if unknown:
         raise ValueError(f"unknown UNet2DModel config keys {unknown}; allowed: {sorted(UNET_DEFAULTS)}")
     cfg = {**UNET_DEFAULTS, **config}
@@ -178,7 +183,8 @@ class ResnetBlock(nn.Module):
     """GroupNorm-SiLU-conv, add projected time embedding, GroupNorm-SiLU-dropout-conv, plus a
     (1x1-projected when the width changes) shortcut, all divided by ``output_scale``."""
 
-    def __init__(self, c_in: int, c_out: int, c_emb: int, groups: int, eps: float, dropout: float, output_scale: float = 1.0):
+    def __init__(self, c_in: int, c_out: int, c_emb: int, groups: int, eps: float, dropout: float,
+                 output_scale: float = 1.0):
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, c_in, eps=eps)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
@@ -253,7 +259,9 @@ class DownBlock(nn.Module):
     def __init__(self, c_in, c_out, c_emb, layers, attn, head_dim, groups, eps, dropout, downsample, pad):
         super().__init__()
         self.attentions = nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
-        self.resnets = nn.ModuleList(ResnetBlock(c_in if i == 0 else c_out, c_out, c_emb, groups, eps, dropout) for i in range(layers))
+        self.resnets = nn.ModuleList(
+            ResnetBlock(c_in if i == 0 else c_out, c_out, c_emb, groups, eps, dropout) for i in range(layers)
+        )
         self.downsamplers = nn.ModuleList([Downsample(c_out, pad)]) if downsample else None
 
     def forward(self, x, emb):
@@ -277,7 +285,9 @@ class UpBlock(nn.Module):
         super().__init__()
         self.attentions = nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
         self.resnets = nn.ModuleList(
-            ResnetBlock((c_prev if i == 0 else c_out) + (c_in if i == layers - 1 else c_out), c_out, c_emb, groups, eps, dropout)
+            ResnetBlock(
+                (c_prev if i == 0 else c_out) + (c_in if i == layers - 1 else c_out), c_out, c_emb, groups, eps, dropout
+            )
             for i in range(layers)
         )
         self.upsamplers = nn.ModuleList([Upsample(c_out)]) if upsample else None
@@ -324,7 +334,8 @@ class UNet2D(nn.Module):
         cfg = check_unet_config(config)
         self.config = cfg
         ch = [int(c) for c in cfg["block_out_channels"]]
-        groups, eps, drop, layers = int(cfg["norm_num_groups"]), float(cfg["norm_eps"]), float(cfg["dropout"]), int(cfg["layers_per_block"])
+        groups, eps, drop = int(cfg["norm_num_groups"]), float(cfg["norm_eps"]), float(cfg["dropout"])
+        layers, pad = int(cfg["layers_per_block"]), int(cfg["downsample_padding"])
         c_emb = cfg["time_embedding_dim"] or 4 * ch[0]
         hd = cfg["attention_head_dim"]  # None means one head spanning all channels
 
@@ -334,17 +345,20 @@ class UNet2D(nn.Module):
         for i, kind in enumerate(cfg["down_block_types"]):
             c_in, c_out = ch[max(i - 1, 0)], ch[i]
             self.down_blocks.append(
-                DownBlock(c_in, c_out, c_emb, layers, kind == "AttnDownBlock2D", hd or c_out, groups, eps, drop, i < len(ch) - 1, int(cfg["downsample_padding"]))
+                DownBlock(c_in, c_out, c_emb, layers, kind == "AttnDownBlock2D", hd or c_out, groups, eps, drop,
+                          i < len(ch) - 1, pad)
             )
         self.mid_block = None
         if cfg["mid_block_type"] is not None:
             attn_groups = cfg["attn_norm_num_groups"] or groups
-            self.mid_block = MidBlock(ch[-1], c_emb, hd or ch[-1], groups, attn_groups, eps, drop, float(cfg["mid_block_scale_factor"]), bool(cfg["add_attention"]))
+            scale, attn = float(cfg["mid_block_scale_factor"]), bool(cfg["add_attention"])
+            self.mid_block = MidBlock(ch[-1], c_emb, hd or ch[-1], groups, attn_groups, eps, drop, scale, attn)
         rch = ch[::-1]
         for i, kind in enumerate(cfg["up_block_types"]):
             c_prev, c_out, c_in = rch[max(i - 1, 0)], rch[i], rch[min(i + 1, len(ch) - 1)]
             self.up_blocks.append(
-                UpBlock(c_in, c_prev, c_out, c_emb, layers + 1, kind == "AttnUpBlock2D", hd or c_out, groups, eps, drop, i < len(ch) - 1)
+                UpBlock(c_in, c_prev, c_out, c_emb, layers + 1, kind == "AttnUpBlock2D", hd or c_out, groups, eps, drop,
+                        i < len(ch) - 1)
             )
         self.conv_norm_out = nn.GroupNorm(groups, ch[0], eps=eps)
         self.conv_out = nn.Conv2d(ch[0], cfg["out_channels"], 3, padding=1)
@@ -474,11 +488,14 @@ def resolve_model(model: str) -> str:
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser())
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model) or model.startswith((".", "/", "~")):
-        raise ValueError(f"model folder {model!r} does not exist (give a diffusers folder or a Hugging Face repo id owner/name)")
+        raise ValueError(
+            f"model folder {model!r} does not exist (give a diffusers folder or a Hugging Face repo id owner/name)"
+        )
     name = model.split("/")[1]
     for root in (Path(__file__).resolve().parent, Path.cwd()):
-        if (root / "weights" / name / "config.json").is_file() or (root / "weights" / name / "unet" / "config.json").is_file():
-            return str(root / "weights" / name)
+        folder = root / "weights" / name
+        if (folder / "config.json").is_file() or (folder / "unet" / "config.json").is_file():
+            return str(folder)
     hint = f"download {model} into ./weights/{name} (config.json + diffusion_pytorch_model.safetensors)"
     if not _hub_reachable():
         raise ValueError(f"{model!r} is neither a local folder nor reachable on the Hugging Face hub; {hint}")
@@ -486,7 +503,8 @@ def resolve_model(model: str) -> str:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise ValueError(f"{model!r} needs huggingface_hub (pip install huggingface_hub) or a local copy; {hint}") from None
-    patterns = ["config.json", "diffusion_pytorch_model.safetensors", "unet/config.json", "unet/diffusion_pytorch_model.safetensors"]
+    files = ["config.json", "diffusion_pytorch_model.safetensors"]
+    patterns = files + [f"unet/{f}" for f in files]
     return snapshot_download(repo_id=model, allow_patterns=patterns)
 
 
@@ -672,6 +690,9 @@ class Args:
     """Degradation rule: fraction of the gain (peak - initial) given back."""
     stop_degrade_nodes: int = 3
     """Degradation rule: consecutive validation nodes below the threshold."""
+    until: Optional[int] = None
+    """Pause (status `paused`, checkpoint written) once this many updates are done, e.g. at a halving rung;
+    continue later with `--resume` and a larger `--until` (or none). Default: run to `num_updates`."""
     checkpoint_every: Optional[int] = None
     """Checkpoint every this many updates (default: every validation node)."""
     save_samples: bool = True
@@ -981,6 +1002,8 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
               profile=np.ones(args.bins), weighting_state={}, val_latents=val_latents, history=[], folder=folder)
     if ckpt is not None:
         restore_checkpoint(run, ckpt)
+        if ckpt["status"] in ("finished", "stopped", "nonfinite") and run.k >= args.num_updates:
+            run.status = ckpt["status"]
     else:
         init_weighting(run)
     return run
@@ -1262,6 +1285,8 @@ def train(run: Run, until: Optional[int] = None) -> Dict[str, Any]:
         if k >= end:
             if k >= args.num_updates:
                 run.status, run.stop_reason = "finished", "max updates"
+            else:
+                run.status, run.stop_reason = "paused", f"paused at update {k}"
             break
         metrics = train_step(run)
         finite = all(math.isfinite(metrics[key]) for key in ("loss", "train_reward_mean", "grad_norm"))
@@ -1296,7 +1321,7 @@ def main(args: Args) -> Dict[str, Any]:
         if not args.resume:
             f.write(json.dumps({"kind": "calibration", "update": -1, "c_x0": run.c_x0,
                                 "bank_size": int(run.bank_losses.shape[0])}) + "\n")
-    summary = train(run)
+    summary = train(run, until=args.until)
     print(f"done: status {summary['status']} ({summary['stop_reason']}), peak {summary['peak_val_reward']} "
           f"at update {summary['peak_update']}", flush=True)
     return summary

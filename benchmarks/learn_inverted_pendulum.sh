@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# FPO (native, alpha_eps = 1) on InvertedPendulum-v5 from scratch, CPU only.
+# Prints the evaluation curve and the run's peak evaluation return (eq:peak); the
+# acceptance target is a peak of at least 900 (the task's maximum return is 1000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN_DIR=${RUN_DIR:-runs}
+STEPS=${STEPS:-200000}
+python3 robot_fpo.py --env-id InvertedPendulum-v5 --objective fpo --alpha-eps 1.0 \
+  --total-timesteps "$STEPS" --eval-every 10 --no-cuda --torch-threads 1 \
+  --seed "${SEED:-1}" --run-dir "$RUN_DIR" --run-name "learn_inverted_pendulum_s${SEED:-1}"
+python3 - "$RUN_DIR/learn_inverted_pendulum_s${SEED:-1}/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"peak eval return {s['peak_eval_return']:.1f} at step {s['peak_step']} ({'PASS' if s['peak_eval_return'] >= 900 else 'FAIL'}: target >= 900)")
+PY

@@ -1,0 +1,284 @@
+"""Tests for robot_fpo.py: objectives against hand computations, tiny end-to-end runs, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import robot_fpo as R  # noqa: E402
+
+GRID = np.arange(1, 11) / 10.0
+TIME_KEYS = {"sps", "rollout_s", "update_s"}
+
+
+def tiny_args(tmp_path, **kw) -> R.Args:
+    base = dict(
+        env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
+        num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16, critic_layers=1,
+        eval_every=2, eval_episodes=2, cuda=False, torch_threads=1, run_dir=str(tmp_path), run_name="run", seed=3,
+    )
+    base.update(kw)
+    return replace(R.Args(), **base)
+
+
+# ---------------------------------------------------------------------------- objectives
+
+
+def ppo_np(r, a, rho):
+    return np.minimum(r * a, np.clip(r, 1 - rho, 1 + rho) * a)
+
+
+def spo_np(r, a, rho):
+    return r * a - np.abs(a) * (r - 1) ** 2 / (2 * rho)
+
+
+def test_fpo_loss_matches_hand_computation_weight_inside_exponent():
+    t = np.array([[0.0, 0.5, 0.9], [0.3, 0.3, 0.7]])
+    l_old = np.array([[0.40, 0.10, 0.05], [0.20, 0.30, 0.02]])
+    l_new = np.array([[0.30, 0.15, 0.01], [0.25, 0.20, 0.01]])
+    adv = np.array([1.5, -0.7])
+    alpha_eps, rho = 0.5, 0.05
+    # w(s) = s^(2(1-alpha_eps)) / mean over the grid {.1..1}: here s^1 / 0.55.
+    w = (1 - t) / GRID.mean()
+    d = (w * (l_old - l_new)).mean(1)
+    expected = -ppo_np(np.exp(d), adv, rho).mean()
+    loss, ratio, d_i = R.fpo_loss(*(torch.tensor(a) for a in (l_old, l_new, t, adv)), alpha_eps, rho)
+    np.testing.assert_allclose(d_i.numpy(), d, rtol=1e-6)
+    np.testing.assert_allclose(ratio.numpy(), np.exp(d), rtol=1e-6)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # The same weights placed outside the exponent give a different objective (tab:placement).
+    outside = -np.mean([np.mean(w[i] * ppo_np(np.exp(l_old[i] - l_new[i]), adv[i], rho)) for i in range(2)])
+    assert abs(outside - expected) > 1e-3
+
+
+def test_fpo_native_weight_is_plain_mean_and_weights_change_the_ratio():
+    t = torch.tensor([[0.1, 0.8]])
+    l_old, l_new, adv = torch.tensor([[0.5, 0.1]]), torch.tensor([[0.3, 0.2]]), torch.tensor([1.0])
+    _, _, d1 = R.fpo_loss(l_old, l_new, t, adv, 1.0, 0.05)
+    assert d1.item() == pytest.approx(((0.5 - 0.3) + (0.1 - 0.2)) / 2, rel=1e-6)
+    _, _, d0 = R.fpo_loss(l_old, l_new, t, adv, 0.0, 0.05)
+    norm = (GRID**2).mean()
+    assert d0.item() == pytest.approx((0.9**2 * 0.2 + 0.2**2 * -0.1) / 2 / norm, rel=1e-5)
+
+
+def fpopp_weight_np(t, alpha, lo=0.005, hi=0.995):
+    p = 2 * (1 - alpha)
+    mean = ((1 - lo) ** (p + 1) - (1 - hi) ** (p + 1)) / ((p + 1) * (hi - lo))
+    return (1 - t) ** p / mean
+
+
+@pytest.mark.parametrize("mode", ["aspo", "ppo", "spo"])
+def test_fpopp_loss_matches_hand_computation(mode):
+    t = np.array([[0.1, 0.6], [0.3, 0.95], [0.5, 0.2]])
+    l_old = np.array([[0.8, 25.0], [1.2, 0.4], [14.0, 0.3]])
+    l_new = np.array([[0.7, 1.0], [30.0, 0.5], [1.0, 0.35]])
+    adv = np.array([0.9, -1.3, 2.0])
+    alpha, rho = 0.5, 0.05
+    lo = np.minimum(l_old, 20.0)
+    ln = np.where(adv[:, None] < 0, np.minimum(l_new, 20.0), l_new)
+    r = np.exp(np.minimum(lo - ln, 10.0))
+    a = np.broadcast_to(adv[:, None], r.shape)
+    if mode == "ppo":
+        p = ppo_np(r, a, rho)
+    elif mode == "spo":
+        p = spo_np(r, a, rho)
+    else:
+        p = np.where(a > 0, ppo_np(r, a, rho), spo_np(r, a, rho))
+    expected = -(fpopp_weight_np(t, alpha) * p).mean()
+    loss, ratio = R.fpopp_loss(*(torch.tensor(x) for x in (l_old, l_new, t, adv)), alpha, rho, mode)
+    np.testing.assert_allclose(ratio.numpy(), r, rtol=1e-6)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # Weight inside the exponent instead of multiplying the proxy is a different objective.
+    w = fpopp_weight_np(t, alpha)
+    r_in = np.exp(np.minimum(w * (lo - ln), 10.0))
+    inside = -np.where(a > 0, ppo_np(r_in, a, rho), spo_np(r_in, a, rho)).mean()
+    assert abs(inside - expected) > 1e-3
+
+
+def test_aspo_is_ppo_for_positive_and_spo_for_nonpositive_advantages():
+    g = torch.Generator().manual_seed(0)
+    r = torch.exp(0.2 * torch.randn(200, generator=g, dtype=torch.float64))
+    a = torch.randn(200, generator=g, dtype=torch.float64)
+    a[:5] = 0.0
+    aspo = R.trust_region_proxy(r, a, 0.05, "aspo")
+    pos, nonpos = a > 0, a <= 0
+    torch.testing.assert_close(aspo[pos], R.trust_region_proxy(r, a, 0.05, "ppo")[pos])
+    torch.testing.assert_close(aspo[nonpos], R.trust_region_proxy(r, a, 0.05, "spo")[nonpos])
+    np.testing.assert_allclose(aspo[nonpos].numpy(), spo_np(r.numpy(), a.numpy(), 0.05)[nonpos.numpy()])
+    np.testing.assert_allclose(aspo[pos].numpy(), ppo_np(r.numpy(), a.numpy(), 0.05)[pos.numpy()])
+    with pytest.raises(ValueError, match="trust_region"):
+        R.trust_region_proxy(r, a, 0.05, "trpo")
+
+
+def test_straight_through_clamp_value_and_identity_gradient():
+    x = torch.tensor([3.0, 12.0, -40.0], requires_grad=True)
+    y = R.straight_through_upper_clamp(x, 10.0)
+    assert y.tolist() == [3.0, 10.0, -40.0]
+    (y * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert x.grad.tolist() == [1.0, 2.0, 3.0]
+    # Inside the FPO++ loss: a clamped difference still passes d r / d l_new = -r (SPO, A < 0).
+    l_new = torch.tensor([[0.5]], dtype=torch.float64, requires_grad=True)
+    l_old, t, adv, rho = torch.tensor([[15.0]], dtype=torch.float64), torch.tensor([[0.4]]), torch.tensor([-2.0]), 0.05
+    loss, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, rho, "spo")
+    assert ratio.item() == pytest.approx(math.exp(10.0))
+    loss.backward()
+    r = math.exp(10.0)
+    # loss = -(rA - |A|(r-1)^2/(2 rho)), dr/dl_new = -r (identity through the clamp).
+    expected = -(-2.0 - 2.0 * (r - 1) / rho) * (-r)
+    assert l_new.grad.item() == pytest.approx(expected, rel=1e-9)
+
+
+def test_fpopp_negative_advantage_clamp_on_current_loss():
+    l_old = torch.tensor([[1.0], [1.0]], dtype=torch.float64)
+    l_new = torch.tensor([[30.0], [30.0]], dtype=torch.float64, requires_grad=True)
+    t, adv = torch.tensor([[0.5], [0.5]]), torch.tensor([1.0, -1.0])
+    _, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, 0.05, "spo")
+    np.testing.assert_allclose(ratio.detach().numpy()[:, 0], [math.exp(-29.0), math.exp(-19.0)])
+
+
+def test_draw_losses_are_noise_and_velocity_residuals():
+    torch.manual_seed(0)
+    actor = R.FlowActor(3, 2, 8, 1, 4, 0.25).double()
+    obs, x = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    t, eps = torch.rand(5, 4, dtype=torch.float64), torch.randn(5, 4, 2, dtype=torch.float64)
+    x_t = (1 - t[..., None]) * eps + t[..., None] * x[:, None]
+    v = actor(obs[:, None].expand(5, 4, 3), x_t, t)
+    lv = ((v - (x[:, None] - eps)) ** 2).sum(-1)
+    # l_eps = |x_t - t v - eps|^2 / d = t^2 |v - u|^2 / d (eq:targets); FPO++: |v-u|^2/sqrt(d).
+    torch.testing.assert_close(R.draw_losses(actor, obs, x, t, eps, "fpo"), t**2 * lv / 2)
+    torch.testing.assert_close(R.draw_losses(actor, obs, x, t, eps, "fpopp"), lv / math.sqrt(2))
+
+
+def test_draw_times_and_numpy_sampler():
+    torch.manual_seed(0)
+    t, eps = R.sample_draws(500, 4, 3, "fpo", 0.005, 0.995, "cpu")
+    k = t.double().numpy().ravel() * 10
+    np.testing.assert_allclose(k, np.round(k), atol=1e-5)  # t on {0, .1, ..., .9}: s = 1 - t on {.1, ..., 1}
+    assert sorted(set(np.round(k).astype(int))) == list(range(10)) and eps.shape == (500, 4, 3)
+    t, _ = R.sample_draws(500, 4, 3, "fpopp", 0.005, 0.995, "cpu")
+    assert t.min() >= 0.005 and t.max() <= 0.995
+    actor = R.FlowActor(3, 2, 8, 2, 4, 0.25)
+    obs, x0 = torch.randn(6, 3), torch.randn(6, 2)
+    fast = R.NumpyFlowSampler(actor).sample(obs.numpy().astype(np.float64), x0.numpy(), 5)
+    np.testing.assert_allclose(fast, actor.sample(obs, x0, 5).numpy(), atol=1e-4)
+
+
+def test_schedule_over_blocks_and_bad_args(tmp_path):
+    a = tiny_args(tmp_path, alpha_early=1.0, alpha_late=0.5, k0=1, k1=3, block_size=100)
+    assert R.current_alpha(a, 0) == 1.0
+    assert R.current_alpha(a, 250) == pytest.approx(0.75)  # block 2, halfway through (1, 3)
+    assert R.current_alpha(a, 10_000) == pytest.approx(0.5)
+    assert R.current_alpha(tiny_args(tmp_path, objective="fpopp", alpha=0.3), 10_000) == 0.3
+    for bad in (dict(objective="ppo"), dict(trust_region="kl"), dict(num_envs=0), dict(t_min=0.5, t_max=0.4)):
+        with pytest.raises(ValueError):
+            R.validate_args(tiny_args(tmp_path, **bad))
+    with pytest.raises(ValueError, match="action space"):
+        R.make_env("CartPole-v1")()
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def run_script(tmp_path, *flags):
+    env = dict(os.environ, MUJOCO_GL="disable", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--run-dir", str(tmp_path), "--run-name", "e2e",
+           "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2",
+           "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
+           "--eval-every", "4", "--eval-episodes", "2", "--total-timesteps", "2048", *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "e2e"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert json.loads((run / "args.json").read_text())["env_id"] == flags[1]
+    assert (run / "checkpoints" / "latest.pt").exists()
+    return rows, summary
+
+
+def test_end_to_end_mujoco_fpo(tmp_path):
+    rows, summary = run_script(tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5")
+    assert summary["status"] == "completed" and summary["global_step"] == 2048
+    assert [r["update"] for r in rows] == list(range(9))
+    evals = [r["eval_return"] for r in rows if "eval_return" in r]
+    assert len(evals) == 3 and summary["peak_eval_return"] == max(evals)
+    assert all(r["alpha"] == 0.5 for r in rows)
+    assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean", "clipfrac", "sps"))
+
+
+def test_end_to_end_dm_control_fpopp(tmp_path):
+    pytest.importorskip("dm_control")
+    pytest.importorskip("shimmy")
+    rows, summary = run_script(tmp_path, "--env-id", "dm_control/cartpole-swingup-v0", "--objective", "fpopp",
+                               "--alpha", "0.5", "--eval-every", "8", "--num-steps", "32", "--total-timesteps", "1024")
+    assert summary["status"] == "completed" and summary["global_step"] == 1024
+    last = rows[-1]
+    # FPO++ evaluates from zero initial noise, and reports random initial noise next to it.
+    assert "eval_return" in last and "eval_return_random" in last
+    assert 0.0 <= last["eval_return"] <= 1000.0
+
+
+def strip_time(rows):
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
+
+
+def read_rows(path):
+    return [json.loads(x) for x in open(path).read().splitlines()]
+
+
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
+    full = tiny_args(tmp_path / "a", objective=objective, num_updates=4)
+    R.main(full)
+    ref = read_rows(tmp_path / "a" / "run" / "metrics.jsonl")
+
+    part = tiny_args(tmp_path / "b", objective=objective, num_updates=2)
+    R.main(part)
+    ckpt = tmp_path / "b" / "run" / "checkpoints" / "latest.pt"
+    shutil.copy(ckpt, tmp_path / "saved.pt")
+    R.main(replace(part, num_updates=3, resume=True))
+    # Simulate a kill after update 3 was logged but before its checkpoint replaced update 2's.
+    shutil.copy(tmp_path / "saved.pt", ckpt)
+    summary = R.main(replace(part, num_updates=4, resume=True))
+    got = read_rows(tmp_path / "b" / "run" / "metrics.jsonl")
+    assert [r["update"] for r in got] == [0, 1, 2, 3, 4]
+    assert strip_time(got) == strip_time(ref)
+    assert summary["status"] == "completed" and summary["update"] == 4
+
+
+def test_nonfinite_loss_ends_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = R.fpo_loss
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        loss, ratio, d = real(*a, **k)
+        return (loss * float("inf") if calls["n"] > 4 else loss), ratio, d
+
+    monkeypatch.setattr(R, "fpo_loss", flaky)  # 4 minibatch steps per update: the 2nd update fails
+    args = tiny_args(tmp_path, num_updates=4, checkpoint_every=1)
+    summary = R.main(args)
+    assert summary["status"] == "nonfinite" and summary["update"] == 1
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
+    assert ckpt["update"] == 1
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["nonfinite"] is True
+
+
+def test_action_squash_maps_into_the_box():
+    low, high = np.array([-2.0, 0.0]), np.array([2.0, 1.0])
+    x = np.array([[0.0, 3.0], [-0.5, -10.0]])
+    np.testing.assert_allclose(R.squash_action(x, low, high, "tanh"), low + (np.tanh(x) + 1) / 2 * (high - low))
+    np.testing.assert_allclose(R.squash_action(x, low, high, "clip"), [[0.0, 1.0], [-1.0, 0.0]])
+    with pytest.raises(ValueError, match="action_squash"):
+        R.squash_action(x, low, high, "sigmoid")
