@@ -542,14 +542,14 @@ PRESETS = {
         group_size=16,
         mc_draws=4,
         sample_steps=10,
-        num_updates=40,
+        num_updates=12,
         learning_rate=1e-4,
-        val_every=5,
+        val_every=3,
         val_banks=1,
         val_bank_size=64,
-        calib_bank_size=64,
+        calib_bank_size=32,
         fit_batch_size=32,
-        min_updates_before_stop=40,
+        min_updates_before_stop=12,
     ),
 }
 
@@ -559,8 +559,8 @@ class Args:
     # --- run -------------------------------------------------------------------------------
     preset: str = "paper"
     """Settings bundle for every field left unset below: `paper` (app:cifar: batch 64, 20 Euler steps,
-    800 updates, lr 1e-5, 4x128 validation images every 20 updates) or `quick` (a CPU demonstration:
-    batch 32, 10 steps, 40 updates, lr 1e-4, 64 validation images every 5 updates)."""
+    800 updates, lr 1e-5, 4x128 validation images every 20 updates) or `quick` (a CPU demonstration of a few
+    minutes: batch 32, 10 steps, 12 updates, lr 1e-4, 64 validation images every 3 updates)."""
     seed: int = 20260724
     """Training seed (app:method-settings uses 20260724-20260726). It fixes the rollouts, the
     auxiliary (t, eps) draws, the calibration bank and the validation latent banks."""
