@@ -988,7 +988,7 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
         ckpt_path = folder / "checkpoints" / "last.pt"
         if not ckpt_path.exists():
             raise ValueError(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
 
     if ckpt is not None:
         bank = ckpt["bank_losses"]

@@ -1,0 +1,1183 @@
+"""Diagnostics of timestep-weighted flow-matching RL: gradient geometry across noise bins, output
+coherence, local reward response, and heatmaps (app:gradients, app:cifar-gradients,
+app:robotics-new-geometry, app:mechanisms, app:approved-heatmaps).
+
+Commands (``python diagnostics.py <command> --help`` for the options of each)::
+
+    gram          CIFAR: per-bin parameter gradients of the diagnostic surrogate at a checkpoint,
+                  within/cross-batch cosines, the raw Gram decomposition W = K + N, S, RMS,
+                  block summaries and the paired control; writes .npz + .json + heatmap PNGs.
+    robot-gram    The same statistics for a robot_fpo.py checkpoint (forced r = 1).
+    robot-phases  Average robot-gram results within seed, then across seeds, over phase windows.
+    coherence     Output coherence c_b per bin (the statistic static softmax uses, eq:coherence).
+    response      Local reward response M, C, O, DD over Fourier bands and amplitudes.
+    heatmap       Re-render one matrix of a saved result as a PNG.
+    atlas         A grid of heatmap panels (rows = profiles, columns = checkpoints or phases).
+
+Storage conventions. Bins are stored in increasing flow time (bin 0 is the noisiest, t = 0 is
+noise); heatmaps reverse this so the clean end sits at the upper left and the noisy end at the
+lower right (app:approved-heatmaps). A gradient vector is the flattened gradient of all trainable
+parameters of the network (CIFAR: the U-Net; robots: the actor).
+
+Memory layout of the gradient Gram (`streamed_gram`). Every statistic needs only the Gram matrix
+``G G^T`` of the (batches+1) x bins gradient vectors (the +1 is the paired control), never the
+vectors themselves. The vectors are written into one preallocated fp32 buffer of shape
+(vectors, width) on the compute device. When all P parameters fit in the memory budget
+(``--grad-memory-gb``; default 40% of the free GPU memory, 2 GB on a CPU) width = P and each
+gradient is computed once; otherwise the parameter vector is split into ceil(P / width) column
+slices and the gradients are recomputed once per slice, on the same stored draws, each pass
+adding its slice's contribution ``G_s G_s^T`` to the Gram (accumulated in float64 in column
+blocks of 2^20). Peak extra memory is ``vectors x width x 4`` bytes plus one flat gradient and
+one float64 column block. Example: the 35.7M-parameter paper U-Net with 4 batches + control x
+12 bins needs 60 x 35.7M x 4 B = 8.6 GB in one pass (fits an 80 GB GPU); with a 4 GB budget it
+makes three passes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import tyro
+
+import cifar_fpo
+from weighting import coherence_from_moments
+
+# ---------------------------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------------------------
+CIFAR_BINS = 12  # app:cifar-gradients: twelve time bins
+CIFAR_BATCHES = 4  # app:cifar-gradients: four independent on-policy batches
+CIFAR_DRAWS_PER_BIN = 64  # app:cifar-gradients: 64 draws per bin
+DIAG_RATIO_CLIP = 0.08  # app:cifar-gradients: clip(r, .92, 1.08)
+DIAG_LOG_CLIP = 20.0  # app:cifar-gradients: clip((L_old - L_new)/d, -20, 20)
+ROBOT_BATCHES = 8  # app:robotics-new-geometry: eight fresh on-policy batches
+ROBOT_BINS = 10  # FPO: the 10-point s grid; FPO++: ten bins (app:robotics-new-geometry)
+DISPLAY_TAU = 0.1  # app:approved-heatmaps: z(c) = asinh(c/.1)/asinh(10)
+BLOCK_NAMES = ("high", "middle", "low")  # app:cifar-gradients: bins 0-3 / 4-7 / 8-11 (noise level)
+# app:mechanisms: spatial Fourier bands (cycles/pixel) and amplitudes (in [0, 1] image units)
+BANDS = {"coarse": (0.0, 0.08), "middle": (0.08, 0.22), "fine": (0.22, math.inf)}
+AMPLITUDES = (2 / 255, 4 / 255, 8 / 255)
+RESPONSE_ANCHORS = 256  # app:mechanisms: 256 anchors from the pretrained model
+# app:robotics-new-geometry: phase windows (inclusive)
+PHASES = {
+    "fpo": ("block", ((20, 20), (60, 60), (122, 122))),
+    "fpopp": ("update", ((0, 400), (500, 900), (1000, 1499))),
+    "fpopp-cartpole": ("update", ((0, 40), (50, 90), (100, 149))),
+}
+PHASE_NAMES = ("early", "middle", "late")
+MATRICES = ("C_cross", "C_within", "C_fluct", "C_paired", "W", "K", "N")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gram statistics (eq:pairwise-cosines, eq:fluctuation)
+# ---------------------------------------------------------------------------------------------
+def _mean_with_counts(values: np.ndarray, axis: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Mean over ``axis`` ignoring NaNs, with the number of finite entries; NaN where none."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=axis)
+    total = np.where(finite, values, 0.0).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return mean, count
+
+
+def gram_statistics(gram: np.ndarray, n_batches: int, n_bins: int) -> Dict[str, Any]:
+    """All gradient-geometry statistics of ``B = n_batches`` independent batches from their Gram.
+
+    ``gram[i*n_bins + b, j*n_bins + c] = G_ib . G_jc``. Returns (arrays are (n_bins, n_bins)):
+
+    - ``C_within``: ``1/B sum_i cos(G_ib, G_ic)``; ``C_cross``: ``1/(B(B-1)) sum_{i!=j} cos(G_ib, G_jc)``
+      with the diagonal kept as measured (eq:pairwise-cosines). Pairs with a zero-norm vector are
+      skipped; ``within_counts`` / ``cross_counts`` hold the number of valid pairs per entry.
+    - ``W = 1/B sum_i G_ib.G_ic``, ``K = 1/(B(B-1)) sum_{i!=j} G_ib.G_jc``, ``N = W - K`` (the
+      centred covariance Gram), ``C_fluct = N_bc / sqrt(N_bb N_cc)`` (NaN where a diagonal is
+      not positive) and ``S = tr K / tr N`` (eq:fluctuation).
+    - ``norms`` (B, n_bins) and ``rms = sqrt(1/(n_bins B) sum |G_ib|^2``.
+    """
+    gram = np.asarray(gram, dtype=np.float64)
+    B, nb = int(n_batches), int(n_bins)
+    if B < 2:
+        raise ValueError(f"n_batches={n_batches}; cross-batch statistics need at least 2 batches")
+    if gram.shape != (B * nb, B * nb):
+        raise ValueError(f"gram has shape {gram.shape}; expected ({B * nb}, {B * nb}) for {B} batches x {nb} bins")
+    g = gram.reshape(B, nb, B, nb)
+    sq = np.einsum("ibib->ib", g)
+    norms = np.sqrt(np.maximum(sq, 0.0))
+    valid = norms > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = g / (norms[:, :, None, None] * norms[None, None, :, :])
+    cos = np.where(valid[:, :, None, None] & valid[None, None, :, :], cos, np.nan)
+    same = np.arange(B)
+    within = cos[same, :, same, :]  # (B, nb, nb)
+    pairs = [(i, j) for i in range(B) for j in range(B) if i != j]
+    cross = np.stack([cos[i, :, j, :] for i, j in pairs])
+    c_within, n_within = _mean_with_counts(within, 0)
+    c_cross, n_cross = _mean_with_counts(cross, 0)
+    diag_blocks = g[same, :, same, :]
+    W = diag_blocks.mean(axis=0)
+    K = (g.sum(axis=(0, 2)) - diag_blocks.sum(axis=0)) / (B * (B - 1))
+    N = W - K
+    dn = np.diag(N)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c_fluct = N / np.sqrt(np.outer(dn, dn))
+    c_fluct = np.where((dn[:, None] > 0) & (dn[None, :] > 0), c_fluct, np.nan)
+    tr_n = float(np.trace(N))
+    return {
+        "C_within": c_within, "C_cross": c_cross, "within_counts": n_within, "cross_counts": n_cross,
+        "W": W, "K": K, "N": N, "C_fluct": c_fluct,
+        "trK": float(np.trace(K)), "trN": tr_n, "S": float(np.trace(K)) / tr_n if tr_n != 0 else float("nan"),
+        "norms": norms, "rms": float(np.sqrt(np.mean(sq))),
+        "zero_norm_vectors": int((~valid).sum()),
+    }
+
+
+def paired_control_cosines(gram: np.ndarray, n_batches: int, n_bins: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Cross cosines between batch 0 and the paired control (the last of ``n_batches + 1`` batches).
+
+    ``C_paired_bc`` averages the two ordered pairs (0, control) and (control, 0), i.e. it is
+    `gram_statistics`' ``C_cross`` on those two batches alone. The control never enters W, K, N.
+    Returns (C_paired, valid-pair counts).
+    """
+    gram = np.asarray(gram, dtype=np.float64)
+    nb = int(n_bins)
+    idx = np.r_[0:nb, n_batches * nb:(n_batches + 1) * nb]
+    sub = gram[np.ix_(idx, idx)]
+    st = gram_statistics(sub, 2, nb)
+    return st["C_cross"], st["cross_counts"]
+
+
+def _offdiag_mean(m: np.ndarray) -> float:
+    m = np.asarray(m, dtype=np.float64)
+    mask = ~np.eye(m.shape[0], dtype=bool) & np.isfinite(m)
+    return float(m[mask].mean()) if mask.any() else float("nan")
+
+
+def _diag_mean(m: np.ndarray) -> float:
+    d = np.diag(np.asarray(m, dtype=np.float64))
+    d = d[np.isfinite(d)]
+    return float(d.mean()) if d.size else float("nan")
+
+
+def block_summary(matrix: np.ndarray, names: Sequence[str] = BLOCK_NAMES) -> Dict[str, float]:
+    """Means over noise blocks: bins split into len(names) contiguous blocks in storage order
+    (12 bins: high noise 0-3, middle 4-7, low 8-11; app:cifar-gradients). Within-block means omit
+    the diagonal; between-block means average both off-diagonal blocks. Also the whole-matrix
+    off-diagonal and diagonal means. NaN entries (zero-norm pairs) are skipped."""
+    m = np.asarray(matrix, dtype=np.float64)
+    parts = np.array_split(np.arange(m.shape[0]), len(names))
+    out = {"offdiag_mean": _offdiag_mean(m), "diag_mean": _diag_mean(m)}
+    for a, pa in enumerate(parts):
+        out[names[a]] = _offdiag_mean(m[np.ix_(pa, pa)]) if len(pa) > 1 else float("nan")
+        for b in range(a + 1, len(parts)):
+            vals = np.concatenate([m[np.ix_(pa, parts[b])].ravel(), m[np.ix_(parts[b], pa)].ravel()])
+            vals = vals[np.isfinite(vals)]
+            out[f"{names[a]}-{names[b]}"] = float(vals.mean()) if vals.size else float("nan")
+    return out
+
+
+def summarise(stats: Dict[str, Any], c_paired: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """JSON-ready scalars: S, traces, RMS, block summaries of the cosine matrices and the control."""
+    out = {k: stats[k] for k in ("S", "trK", "trN", "rms", "zero_norm_vectors")}
+    B, nb = stats["norms"].shape
+    out["skipped_pairs_within"] = int(B * nb * nb - stats["within_counts"].sum())  # zero-norm pairs omitted
+    out["skipped_pairs_cross"] = int(B * (B - 1) * nb * nb - stats["cross_counts"].sum())
+    out["K_negative_diagonals"] = int((np.diag(stats["K"]) < 0).sum())
+    for name in ("C_cross", "C_within", "C_fluct"):
+        out[name] = block_summary(stats[name])
+    if c_paired is not None:
+        out["C_paired"] = block_summary(c_paired)
+        out["paired_minus_cross_same_bin"] = out["C_paired"]["diag_mean"] - out["C_cross"]["diag_mean"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming Gram of flattened gradients with bounded memory
+# ---------------------------------------------------------------------------------------------
+def default_memory_bytes(device: torch.device) -> int:
+    """40% of the free memory of a CUDA device, else 2 GB."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(0.4 * free)
+    return 2 * 1024**3
+
+
+def streamed_gram(grad_fn: Callable[[int], Sequence[Optional[torch.Tensor]]], params: Sequence[torch.Tensor],
+                  n_vectors: int, memory_bytes: int, device: torch.device) -> Tuple[np.ndarray, Dict[str, Any]]:
+    """Gram matrix ``G G^T`` (float64, n_vectors^2) of flattened gradients ``G_k = grad_fn(k)``.
+
+    ``grad_fn(k)`` returns one gradient per parameter (None = zero) and must be deterministic in
+    k (it is called once per column slice). See the module docstring for the layout.
+    """
+    if n_vectors < 1:
+        raise ValueError(f"n_vectors={n_vectors}; need at least one gradient")
+    sizes = [p.numel() for p in params]
+    total = int(sum(sizes))
+    width = int(max(1, min(total, memory_bytes // (4 * n_vectors))))
+    slices = [(lo, min(total, lo + width)) for lo in range(0, total, width)]
+    gram = torch.zeros((n_vectors, n_vectors), dtype=torch.float64, device=device)
+    buf = torch.empty((n_vectors, width), dtype=torch.float32, device=device)
+    step = 1 << 20
+    for lo, hi in slices:
+        for k in range(n_vectors):
+            grads = grad_fn(k)
+            flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                              for g, p in zip(grads, params)])
+            buf[k, : hi - lo] = flat[lo:hi]
+            del flat, grads
+        for s in range(0, hi - lo, step):
+            blk = buf[:, s:min(hi - lo, s + step)].double()
+            gram += blk @ blk.T
+    info = {"parameters": total, "vectors": n_vectors, "slice_width": width, "passes": len(slices),
+            "buffer_bytes": 4 * n_vectors * width}
+    return gram.cpu().numpy(), info
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR: checkpoints, diagnostic batches and per-bin gradients (app:cifar-gradients)
+# ---------------------------------------------------------------------------------------------
+def _generator(seed: int, *keys: int) -> torch.Generator:
+    value = int(seed) % (2**63 - 1)
+    for k in keys:
+        value = (value * 1_000_003 + int(k) + 1) % (2**63 - 1)
+    return torch.Generator().manual_seed(value)
+
+
+def load_cifar_checkpoint(checkpoint: str, device) -> Tuple[cifar_fpo.UNet2D, Dict[str, Any]]:
+    """Load a generator to measure: a cifar_fpo run folder (its ``checkpoints/last.pt``), a
+    checkpoint file inside a run folder, or a diffusers model folder (an initial generator).
+    Returns the network (fp32, eval mode) and metadata (update k, alpha, reward, run args)."""
+    path = Path(checkpoint)
+    if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
+        path = path / "checkpoints" / "last.pt"
+    if path.is_file():
+        folder = path.parent.parent
+        if not (folder / "args.json").is_file():
+            raise ValueError(f"checkpoint {str(path)!r} has no run folder with args.json next to checkpoints/")
+        run_args = json.loads((folder / "args.json").read_text())
+        net = cifar_fpo.load_unet(cifar_fpo.resolve_model(run_args["model"]), device=device)
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+        net.load_state_dict(ckpt["model"])
+        meta = {"source": str(path), "run": folder.name, "k": int(ckpt.get("k", 0)), "run_args": run_args,
+                "alpha": cifar_fpo.current_alpha(cifar_fpo.Args(**{k: (tuple(v) if isinstance(v, list) else v)
+                                                                   for k, v in run_args.items()
+                                                                   if k in cifar_fpo.Args.__dataclass_fields__}),
+                                                 int(ckpt.get("k", 0)))}
+        return net.eval(), meta
+    try:
+        net = cifar_fpo.load_unet(cifar_fpo.resolve_model(str(checkpoint)), device=device)
+    except ValueError:
+        raise ValueError(f"--checkpoint {checkpoint!r} is neither a cifar_fpo run folder, a checkpoint file, "
+                         f"nor a diffusers model folder") from None
+    return net.eval(), {"source": str(checkpoint), "run": Path(checkpoint).name, "k": 0, "run_args": {}, "alpha": None}
+
+
+@dataclass
+class DiagBatch:
+    """One on-policy diagnostic batch: endpoints and per-bin (t, eps) draws (bins, n, M)."""
+
+    latents: torch.Tensor
+    x: torch.Tensor
+    rewards: torch.Tensor
+    adv: torch.Tensor
+    t: torch.Tensor
+    eps: torch.Tensor
+
+
+def draw_bin_draws(n_bins: int, n: int, m: int, gen: torch.Generator, shape=(3, 32, 32)):
+    """Equal-bin draws: for every bin b, ``t = (b + U)/n_bins`` with U ~ U[0,1) and eps ~ N(0, I)."""
+    t = (torch.arange(n_bins).view(-1, 1, 1) + torch.rand((n_bins, n, m), generator=gen)) / n_bins
+    eps = torch.randn((n_bins, n, m, *shape), generator=gen)
+    return t.float(), eps
+
+
+def make_cifar_batches(net, reward_fn, convention: str, n_batches: int, batch_size: int, group_size: int,
+                       draws_per_endpoint: int, n_bins: int, sample_steps: int, seed: int, device,
+                       autocast=None, adv_eps: float = 1e-6, control: bool = True) -> List[DiagBatch]:
+    """``n_batches`` independent on-policy batches, plus (``control``) the paired control: batch 0's
+    initial noise, endpoints, raw rewards and group advantages with freshly drawn times and
+    corruption noises (app:cifar-gradients)."""
+    out = []
+    for i in range(n_batches):
+        gen = _generator(seed, 1, i)
+        latents = torch.randn((batch_size, 3, 32, 32), generator=gen).to(device)
+        x = cifar_fpo.sample_images(net, latents, sample_steps, convention, autocast)
+        with torch.no_grad():
+            rewards = reward_fn(x).float()
+        adv = cifar_fpo.group_advantages(rewards, group_size, adv_eps)
+        t, eps = draw_bin_draws(n_bins, batch_size, draws_per_endpoint, _generator(seed, 2, i))
+        out.append(DiagBatch(latents, x, rewards, adv, t.to(device), eps.to(device)))
+    if control:
+        t, eps = draw_bin_draws(n_bins, batch_size, draws_per_endpoint, _generator(seed, 2, n_batches))
+        b0 = out[0]
+        out.append(DiagBatch(b0.latents, b0.x, b0.rewards, b0.adv, t.to(device), eps.to(device)))
+    return out
+
+
+def cifar_grad_fn(net, batches: Sequence[DiagBatch], n_bins: int, convention: str, autocast=None,
+                  old_net=None, clip_ratio: float = DIAG_RATIO_CLIP, log_clip: float = DIAG_LOG_CLIP,
+                  ratio_dev: Optional[Dict[int, float]] = None):
+    """``k -> grads`` of the equal-bin, unweighted diagnostic loss of batch ``k // n_bins``, bin
+    ``k % n_bins``: ``r = exp(clip(D, -20, 20))`` with D the draw-mean per-dimension loss difference
+    (old minus current), ``l_b = -mean min(r A, clip(r, .92, 1.08) A)`` (app:cifar-gradients;
+    cifar_fpo.fpo_loss with unit multipliers). Without ``old_net`` the old policy is the measured
+    checkpoint itself, so r = 1 as at the first step of an update. ``ratio_dev`` collects
+    max |r - 1| per batch."""
+    params = [p for p in net.parameters() if p.requires_grad]
+
+    def grad(k: int):
+        i, b = divmod(k, n_bins)
+        bt = batches[i]
+        l_new = cifar_fpo.velocity_losses(net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+        if old_net is None:
+            l_old = l_new.detach()
+        else:
+            with torch.no_grad():
+                l_old = cifar_fpo.velocity_losses(old_net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+        loss, ratio = cifar_fpo.fpo_loss(l_old, l_new, bt.adv, 1.0, clip_ratio, log_clip)
+        if ratio_dev is not None:
+            ratio_dev[i] = max(ratio_dev.get(i, 0.0), float((ratio.detach() - 1).abs().max()))
+        return torch.autograd.grad(loss, params, allow_unused=True)
+
+    return grad, params
+
+
+# ---------------------------------------------------------------------------------------------
+# Display (app:approved-heatmaps)
+# ---------------------------------------------------------------------------------------------
+NEG_RGB = (33, 102, 172)  # -1
+ZERO_RGB = (255, 255, 255)  # 0
+POS_RGB = (178, 24, 43)  # +1
+NAN_RGB = (170, 170, 170)  # undefined entry (no valid pair)
+TICKS = (-1.0, -0.5, -0.2, -0.1, 0.0, 0.1, 0.2, 0.5, 1.0)
+
+
+def display_transform(c, tau: float = DISPLAY_TAU):
+    """Colour coordinate ``z(c) = asinh(c/tau)/asinh(1/tau)`` (tau = .1: asinh(c/.1)/asinh(10)),
+    used for colour only; z(+-1) = +-1 and z(0) = 0."""
+    if not tau > 0:
+        raise ValueError(f"tau={tau}; must be > 0")
+    return np.arcsinh(np.asarray(c, dtype=np.float64) / tau) / np.arcsinh(1.0 / tau)
+
+
+def cosine_colour(c: float, tau: float = DISPLAY_TAU) -> Tuple[int, int, int]:
+    """RGB of a raw cosine on the signed range [-1, 1]: blue (-1), white (0), red (+1),
+    interpolated linearly in the display coordinate z(c)."""
+    if not np.isfinite(c):
+        return NAN_RGB
+    z = float(display_transform(np.clip(c, -1.0, 1.0), tau))
+    end = POS_RGB if z >= 0 else NEG_RGB
+    a = abs(z)
+    return tuple(int(round((1 - a) * z0 + a * e)) for z0, e in zip(ZERO_RGB, end))
+
+
+def colourbar_ticks(height: int, ticks: Sequence[float] = TICKS, tau: float = DISPLAY_TAU) -> List[Tuple[float, int]]:
+    """(raw cosine, pixel row) of each tick on a colour bar of ``height`` rows (+1 at row 0,
+    -1 at the last row); rows are placed at the display coordinate of the raw value."""
+    return [(float(v), int(round((1 - float(display_transform(v, tau))) / 2 * (height - 1)))) for v in ticks]
+
+
+def _font():
+    from PIL import ImageFont
+
+    return ImageFont.load_default()
+
+
+def render_panel(matrix: np.ndarray, labels: Sequence[str], title: str = "", cell: int = 20, tau: float = DISPLAY_TAU):
+    """One heatmap panel. ``matrix`` and ``labels`` are in storage order (bin 0 = noisiest); the panel
+    shows them reversed, clean at the upper left and noisy at the lower right.
+    Returns (PIL image, layout dict with the grid's origin ``x0, y0``, ``cell`` and display ``order``)."""
+    from PIL import Image, ImageDraw
+
+    m = np.asarray(matrix, dtype=np.float64)
+    n = m.shape[0]
+    if m.shape != (n, n) or len(labels) != n:
+        raise ValueError(f"matrix shape {m.shape} and {len(labels)} labels do not match; expected a square n x n matrix")
+    order = list(range(n - 1, -1, -1))
+    left, top = 44, 30
+    w, h = left + n * cell + 8, top + n * cell + 30
+    img = Image.new("RGB", (max(w, 8 + 6 * len(title)), h), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    font = _font()
+    for r, bi in enumerate(order):
+        for c, bj in enumerate(order):
+            x, y = left + c * cell, top + r * cell
+            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=cosine_colour(m[bi, bj], tau))
+        draw.text((2, top + r * cell + cell // 2 - 5), str(labels[bi]), fill=(0, 0, 0), font=font)
+        draw.text((left + r * cell + 1, top + n * cell + 3), str(labels[bi]), fill=(0, 0, 0), font=font)
+    draw.rectangle([left - 1, top - 1, left + n * cell, top + n * cell], outline=(0, 0, 0))
+    draw.text((4, 4), title, fill=(0, 0, 0), font=font)
+    draw.text((left, top + n * cell + 16), "clean -> noisy", fill=(90, 90, 90), font=font)
+    return img, {"x0": left, "y0": top, "cell": cell, "order": order}
+
+
+def render_colourbar(height: int = 240, width: int = 16, tau: float = DISPLAY_TAU):
+    """A vertical colour bar over raw cosines [-1, 1] with ticks labelled in raw cosine."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (width + 44, height + 20), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    font = _font()
+    for row in range(height):
+        z = 1 - 2 * row / (height - 1)
+        c = float(np.sinh(z * np.arcsinh(1.0 / tau)) * tau)  # invert the display transform
+        draw.line([(2, 10 + row), (2 + width, 10 + row)], fill=cosine_colour(c, tau))
+    for v, row in colourbar_ticks(height, tau=tau):
+        draw.line([(2 + width, 10 + row), (6 + width, 10 + row)], fill=(0, 0, 0))
+        draw.text((8 + width, 10 + row - 5), f"{v:g}", fill=(0, 0, 0), font=font)
+    return img
+
+
+def save_atlas(path: Union[str, Path], panels: Sequence[Sequence[Optional[Tuple[np.ndarray, str]]]],
+               labels: Sequence[str], row_titles: Sequence[str] = (), col_titles: Sequence[str] = (),
+               title: str = "", cell: int = 16, tau: float = DISPLAY_TAU) -> Path:
+    """A grid of panels (rows = profiles, columns = phases or checkpoints) with one colour bar.
+    ``panels[r][c]`` is (matrix, panel title) or None for an empty cell."""
+    from PIL import Image, ImageDraw
+
+    rows = len(panels)
+    cols = max(len(r) for r in panels) if rows else 0
+    if rows == 0 or cols == 0:
+        raise ValueError("panels is empty; expected at least one (matrix, title) panel")
+    rendered = [[render_panel(p[0], labels, p[1], cell, tau)[0] if p is not None else None for p in row] for row in panels]
+    pw = max(im.width for row in rendered for im in row if im is not None)
+    ph = max(im.height for row in rendered for im in row if im is not None)
+    head, side = (18 if title else 0) + (14 if col_titles else 0), 90 if row_titles else 0
+    bar = render_colourbar(max(120, min(ph, 300)), tau=tau)
+    canvas = Image.new("RGB", (side + cols * pw + bar.width + 8, head + max(rows * ph, bar.height) + 4), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    font = _font()
+    if title:
+        draw.text((4, 2), title, fill=(0, 0, 0), font=font)
+    for c, name in enumerate(col_titles):
+        draw.text((side + c * pw + 40, head - 13), str(name), fill=(0, 0, 0), font=font)
+    for r, row in enumerate(rendered):
+        if r < len(row_titles):
+            draw.text((4, head + r * ph + ph // 2), str(row_titles[r]), fill=(0, 0, 0), font=font)
+        for c, im in enumerate(row):
+            if im is not None:
+                canvas.paste(im, (side + c * pw, head + r * ph))
+    canvas.paste(bar, (side + cols * pw + 4, head))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    return path
+
+
+def save_heatmap(path: Union[str, Path], matrix: np.ndarray, labels: Sequence[str], title: str = "",
+                 cell: int = 20, tau: float = DISPLAY_TAU) -> Path:
+    """One panel with its colour bar as a PNG."""
+    return save_atlas(path, [[(matrix, title)]], labels, cell=cell, tau=tau)
+
+
+def cifar_labels(n_bins: int) -> List[str]:
+    return [f"b{b}" for b in range(n_bins)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Result files: .npz (matrices) + .json (scalars, metadata) next to the PNGs
+# ---------------------------------------------------------------------------------------------
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    return obj
+
+
+def write_result(out: Path, name: str, arrays: Dict[str, np.ndarray], info: Dict[str, Any]) -> Tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    npz, js = out / f"{name}.npz", out / f"{name}.json"
+    np.savez_compressed(npz, **{k: np.asarray(v) for k, v in arrays.items()})
+    js.write_text(json.dumps(_jsonable(info), indent=2) + "\n")
+    return npz, js
+
+
+def read_result(path: Union[str, Path]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """Arrays and metadata of a result written by `write_result` (give the .npz, .json or stem)."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".npz", ".json") else p
+    npz, js = stem.with_suffix(".npz"), stem.with_suffix(".json")
+    if not npz.is_file():
+        raise ValueError(f"result {str(path)!r}: no {npz.name} found; expected a diagnostics .npz/.json pair")
+    with np.load(npz) as data:
+        arrays = {k: data[k] for k in data.files}
+    info = json.loads(js.read_text()) if js.is_file() else {}
+    return arrays, info
+
+
+def _fmt(x) -> str:
+    return "none" if x is None else f"{x:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Gram:
+    """CIFAR gradient geometry at a checkpoint (app:cifar-gradients)."""
+
+    checkpoint: str
+    """A cifar_fpo run folder, a checkpoint file in one (runs/<name>/checkpoints/last.pt), or a diffusers
+    model folder (measures that generator as the initial policy)."""
+    alpha: Optional[float] = None
+    """Training exponent to record in titles/metadata (default: read from the run's args.json). The
+    diagnostic objective itself is equal-bin and unweighted."""
+    reward: Optional[str] = None
+    """Reward (default: the run's reward, else auto-a35)."""
+    batches: int = CIFAR_BATCHES
+    """Independent on-policy batches B (app:cifar-gradients: 4)."""
+    bins: int = CIFAR_BINS
+    """Time bins (app:cifar-gradients: 12)."""
+    draws_per_bin: int = CIFAR_DRAWS_PER_BIN
+    """(t, eps) draws per bin and batch, spread evenly over the endpoints (app:cifar-gradients: 64);
+    must be a multiple of batch_size."""
+    batch_size: int = 64
+    """Endpoints per batch (app:cifar: 64)."""
+    group_size: int = 16
+    """Advantage group size (app:cifar: 16)."""
+    sample_steps: Optional[int] = None
+    """Euler sampling steps (default: the run's, else 20)."""
+    control: bool = True
+    """Also measure the paired control (batch 0's endpoints, noise, rewards, advantages; new draws)."""
+    old_checkpoint: Optional[str] = None
+    """Optional old policy for the ratio (default: the measured checkpoint itself, so r = 1)."""
+    seed: int = 0
+    """Seed of the diagnostic batches and draws."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    precision: str = "fp32"
+    """fp32, tf32 or bf16 (network autocast only); the Gram is accumulated in float64."""
+    grad_memory_gb: Optional[float] = None
+    """Memory budget of the gradient buffer (default: 40% of free GPU memory, 2 GB on CPU)."""
+    out: Optional[str] = None
+    """Output folder (default: <run>/diagnostics/gram_k<update>, or diagnostics/<model name>)."""
+    name: Optional[str] = None
+    """Label used in titles (default: the run or model folder name)."""
+
+
+def _check_positive(**values):
+    for k, v in values.items():
+        if v is None or v < 1:
+            raise ValueError(f"--{k.replace('_', '-')} {v} must be >= 1")
+
+
+def run_gram(cmd: Gram) -> Dict[str, Any]:
+    """Compute and write the CIFAR gram diagnostics; returns the JSON summary."""
+    _check_positive(batches=cmd.batches, bins=cmd.bins, draws_per_bin=cmd.draws_per_bin,
+                    batch_size=cmd.batch_size, group_size=cmd.group_size)
+    if cmd.batches < 2:
+        raise ValueError(f"--batches {cmd.batches} must be >= 2 (cross-batch cosines need two batches)")
+    if cmd.draws_per_bin % cmd.batch_size:
+        raise ValueError(f"--draws-per-bin {cmd.draws_per_bin} must be a multiple of --batch-size {cmd.batch_size}")
+    if cmd.batch_size % cmd.group_size or cmd.group_size < 2:
+        raise ValueError(f"--batch-size {cmd.batch_size} must be a multiple of --group-size {cmd.group_size} (>= 2)")
+    t0 = time.perf_counter()
+    device = cifar_fpo.pick_device(cmd.device)
+    if cmd.precision not in cifar_fpo.PRECISIONS:
+        raise ValueError(f"--precision {cmd.precision!r} is not one of {', '.join(cifar_fpo.PRECISIONS)}")
+    autocast = cifar_fpo.set_precision(cmd.precision)
+    net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
+    run_args = meta["run_args"]
+    convention = run_args.get("convention") or getattr(net, "convention", None) or "sigma"
+    reward = cmd.reward or run_args.get("reward") or "auto-a35"
+    steps = cmd.sample_steps or run_args.get("sample_steps") or 20
+    alpha = cmd.alpha if cmd.alpha is not None else meta["alpha"]
+    reward_fn = cifar_fpo.make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
+                                      simclr_path=run_args.get("simclr_path"),
+                                      clip_model=run_args.get("clip_model", "ViT-B-32"),
+                                      clip_pretrained=run_args.get("clip_pretrained"))
+    old_net = None
+    if cmd.old_checkpoint:
+        old_net, _ = load_cifar_checkpoint(cmd.old_checkpoint, device)
+        old_net.requires_grad_(False)
+    batches = make_cifar_batches(net, reward_fn, convention, cmd.batches, cmd.batch_size, cmd.group_size,
+                                 cmd.draws_per_bin // cmd.batch_size, cmd.bins, steps, cmd.seed, device, autocast,
+                                 control=cmd.control)
+    t_sample = time.perf_counter() - t0
+    ratio_dev: Dict[int, float] = {}
+    net.train()
+    grad, params = cifar_grad_fn(net, batches, cmd.bins, convention, autocast, old_net, ratio_dev=ratio_dev)
+    memory = int(cmd.grad_memory_gb * 1024**3) if cmd.grad_memory_gb else default_memory_bytes(device)
+    gram, layout = streamed_gram(grad, params, len(batches) * cmd.bins, memory, device)
+    stats = gram_statistics(gram[: cmd.batches * cmd.bins, : cmd.batches * cmd.bins], cmd.batches, cmd.bins)
+    c_paired = paired_control_cosines(gram, cmd.batches, cmd.bins)[0] if cmd.control else None
+    elapsed = time.perf_counter() - t0
+
+    name = cmd.name or meta["run"]
+    if cmd.out:
+        out = Path(cmd.out)
+    elif run_args:
+        out = Path(meta["source"]).parent.parent / "diagnostics" / f"gram_k{meta['k']:05d}"
+    else:
+        out = Path("diagnostics") / name
+    summary = summarise(stats, c_paired)
+    info = {
+        "command": "gram", "checkpoint": meta["source"], "name": name, "k": meta["k"], "alpha": alpha,
+        "reward": reward, "batches": cmd.batches, "bins": cmd.bins, "draws_per_bin": cmd.draws_per_bin,
+        "batch_size": cmd.batch_size, "group_size": cmd.group_size, "sample_steps": steps, "seed": cmd.seed,
+        "control": cmd.control, "device": str(device), "precision": cmd.precision,
+        "batch_reward_mean": [float(b.rewards.mean()) for b in batches[: cmd.batches]],
+        "ratio_max_dev": [ratio_dev.get(i, 0.0) for i in range(len(batches))],
+        "ratio_outside_clip": any(v > DIAG_RATIO_CLIP for v in ratio_dev.values()),
+        "layout": layout, "time_s": elapsed, "sampling_time_s": t_sample, **summary,
+    }
+    arrays = {k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts",
+                                    "cross_counts", "norms")}
+    arrays["gram"] = gram
+    arrays["bin_edges"] = np.linspace(0.0, 1.0, cmd.bins + 1)
+    if c_paired is not None:
+        arrays["C_paired"] = c_paired
+    write_result(out, "gram", arrays, info)
+    labels = cifar_labels(cmd.bins)
+    tag = f"{name} k={meta['k']} alpha={_fmt(alpha)}"
+    save_heatmap(out / "cross.png", stats["C_cross"], labels, f"{tag}: cross-batch cosine")
+    save_heatmap(out / "within.png", stats["C_within"], labels, f"{tag}: within-batch cosine")
+    save_heatmap(out / "fluct.png", stats["C_fluct"], labels, f"{tag}: fluctuation correlation")
+    if c_paired is not None:
+        save_heatmap(out / "paired.png", c_paired, labels, f"{tag}: paired control")
+    print(f"gram {name} k={meta['k']} alpha={_fmt(alpha)}: mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} "
+          f"within {summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f}  RMS {summary['rms']:.4g}  "
+          f"{elapsed:.1f}s ({layout['passes']} pass(es)) -> {out}", flush=True)
+    return info
+
+
+@dataclass
+class Coherence:
+    """Output coherence c_b per bin at a checkpoint (eq:coherence; cifar_fpo.fit_coherence)."""
+
+    checkpoint: str
+    """A cifar_fpo run folder, checkpoint file or diffusers model folder."""
+    reward: Optional[str] = None
+    """Reward (default: the run's reward, else auto-a35)."""
+    batches: int = 4
+    """Fit batches whose moments (U_b, V_b) are averaged before c_b = max(U,0)/(V+delta)."""
+    fit_batch_size: int = 64
+    """Endpoints per fit batch (app:method-settings: 64)."""
+    group_size: int = 16
+    """Advantage group size (app:method-settings: 16)."""
+    draws: int = 4
+    """(t, eps) draws per endpoint and bin (app:method-settings: 4)."""
+    bins: int = CIFAR_BINS
+    """Time bins."""
+    sample_steps: Optional[int] = None
+    """Euler steps (default: the run's, else 20)."""
+    seed: int = 0
+    """Seed of the fit batches."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    out: Optional[str] = None
+    """Output folder (default: next to the checkpoint's run, or diagnostics/<model name>)."""
+
+
+def run_coherence(cmd: Coherence) -> Dict[str, Any]:
+    _check_positive(batches=cmd.batches, fit_batch_size=cmd.fit_batch_size, draws=cmd.draws, bins=cmd.bins)
+    if cmd.draws < 2 and cmd.fit_batch_size < 2:
+        raise ValueError("--draws and --fit-batch-size give fewer than 2 signals per bin; need >= 2")
+    device = cifar_fpo.pick_device(cmd.device)
+    net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
+    run_args = meta["run_args"]
+    convention = run_args.get("convention") or getattr(net, "convention", None) or "sigma"
+    reward = cmd.reward or run_args.get("reward") or "auto-a35"
+    fit_args = cifar_fpo.resolve_args(replace(cifar_fpo.Args(), reward=reward, fit_batch_size=cmd.fit_batch_size,
+                                              batch_size=cmd.fit_batch_size, group_size=cmd.group_size,
+                                              coherence_draws=cmd.draws, bins=cmd.bins,
+                                              sample_steps=cmd.sample_steps or run_args.get("sample_steps") or 20))
+    reward_fn = cifar_fpo.make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
+                                      simclr_path=run_args.get("simclr_path"))
+    us, vs, rs = [], [], []
+    for i in range(cmd.batches):
+        u, v, r = cifar_fpo.fit_coherence(net, reward_fn, fit_args, _generator(cmd.seed, 3, i), device, convention)
+        us.append(u), vs.append(v), rs.append(r)
+    U, V = np.mean(us, axis=0), np.mean(vs, axis=0)
+    c = coherence_from_moments(U, V)
+    out = Path(cmd.out) if cmd.out else (Path(meta["source"]).parent.parent / "diagnostics" / f"coherence_k{meta['k']:05d}"
+                                         if run_args else Path("diagnostics") / meta["run"])
+    info = {"command": "coherence", "checkpoint": meta["source"], "k": meta["k"], "reward": reward,
+            "batches": cmd.batches, "fit_batch_size": cmd.fit_batch_size, "draws": cmd.draws,
+            "coherence": c, "U": U, "V": V, "fit_reward_mean": float(np.mean(rs))}
+    write_result(out, "coherence", {"coherence": c, "U": U, "V": V, "U_batches": np.array(us), "V_batches": np.array(vs)}, info)
+    print("coherence c_b (b0 noisy .. b%d clean): %s -> %s" % (cmd.bins - 1, " ".join(f"{x:.4f}" for x in c), out), flush=True)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Local reward response (app:mechanisms)
+# ---------------------------------------------------------------------------------------------
+def band_mask(size: int, lo: float, hi: float) -> torch.Tensor:
+    """Boolean (size, size) mask of 2D FFT frequencies with lo <= |f| < hi (radial, cycles/pixel).
+    The constant (f = 0) term is excluded, so every band perturbation has zero mean."""
+    f = torch.fft.fftfreq(size)
+    radius = torch.sqrt(f.view(-1, 1) ** 2 + f.view(1, -1) ** 2)
+    return (radius >= lo) & (radius < hi) & (radius > 0)
+
+
+def band_noise(n: int, band: str, gen: torch.Generator, size: int = 32, channels: int = 3) -> torch.Tensor:
+    """``n`` random perturbation directions limited to a Fourier band (BANDS), each channel
+    independently, scaled to unit max-abs (so ``amplitude * band_noise`` has L_inf = amplitude)."""
+    if band not in BANDS:
+        raise ValueError(f"band {band!r} is not one of {', '.join(BANDS)}")
+    lo, hi = BANDS[band]
+    white = torch.randn((n, channels, size, size), generator=gen, dtype=torch.float64)
+    spec = torch.fft.fft2(white) * band_mask(size, lo, hi)
+    d = torch.fft.ifft2(spec).real
+    return d / d.flatten(1).abs().amax(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+
+
+def response_stats(d_plus: np.ndarray, d_minus: np.ndarray) -> Dict[str, float]:
+    """M, C, O, DD of app:mechanisms from reward changes d+- of shape (anchors, directions):
+    statistics are averaged over directions within an anchor, then over anchors.
+    ``M = E[(max(-d+,0) + max(-d-,0))/2]``, ``C = E[(d+ + d-)/2]``, ``O = E max(d+, d-, 0)``,
+    ``DD = P(d+ < 0, d- < 0)``."""
+    dp, dm = np.asarray(d_plus, dtype=np.float64), np.asarray(d_minus, dtype=np.float64)
+    if dp.shape != dm.shape:
+        raise ValueError(f"d_plus shape {dp.shape} != d_minus shape {dm.shape}")
+    if dp.ndim == 1:
+        dp, dm = dp[:, None], dm[:, None]
+    per = {
+        "M": (np.maximum(-dp, 0) + np.maximum(-dm, 0)) / 2,
+        "C": (dp + dm) / 2,
+        "O": np.maximum(np.maximum(dp, dm), 0),
+        "DD": ((dp < 0) & (dm < 0)).astype(np.float64),
+    }
+    return {k: float(v.mean(axis=1).mean()) for k, v in per.items()}
+
+
+@torch.no_grad()
+def local_response(reward_fn, anchors: torch.Tensor, bands: Sequence[str] = tuple(BANDS),
+                   amplitudes: Sequence[float] = AMPLITUDES, directions: int = 1, seed: int = 0,
+                   chunk: int = 256) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``{band: {amplitude: {M, C, O, DD}}}`` for anchors (N,3,32,32) in [-1,1]. Amplitudes are in
+    [0,1] image units (2/255 = two grey levels), i.e. x +- 2 a delta with max|delta| = 1 in the
+    [-1,1] representation; perturbed images are clipped to the valid range."""
+    base = torch.cat([reward_fn(anchors[s:s + chunk]).double().cpu() for s in range(0, len(anchors), chunk)])
+    out: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for bi, band in enumerate(bands):
+        delta = band_noise(len(anchors) * directions, band, _generator(seed, 4, bi)).float().to(anchors.device)
+        delta = delta.view(len(anchors), directions, *anchors.shape[1:])
+        out[band] = {}
+        for amp in amplitudes:
+            dp, dm = np.zeros((len(anchors), directions)), np.zeros((len(anchors), directions))
+            for k in range(directions):
+                for s in range(0, len(anchors), chunk):
+                    x = anchors[s:s + chunk]
+                    d = 2.0 * amp * delta[s:s + chunk, k]
+                    dp[s:s + chunk, k] = (reward_fn((x + d).clamp(-1, 1)).double().cpu() - base[s:s + chunk]).numpy()
+                    dm[s:s + chunk, k] = (reward_fn((x - d).clamp(-1, 1)).double().cpu() - base[s:s + chunk]).numpy()
+            out[band][f"{amp * 255:g}/255"] = response_stats(dp, dm)
+    return out
+
+
+@dataclass
+class Response:
+    """Local reward response of a reward on anchors generated by a model (app:mechanisms)."""
+
+    checkpoint: str = cifar_fpo.DEFAULT_MODEL
+    """Generator of the anchors: diffusers model folder (default: the shipped stand-in), run folder or checkpoint."""
+    reward: str = "auto-a35"
+    """Reward to probe."""
+    anchors: int = RESPONSE_ANCHORS
+    """Generated anchor images (app:mechanisms: 256)."""
+    directions: int = 1
+    """Random band-limited directions per anchor, band and amplitude (averaged within an anchor)."""
+    sample_steps: int = 20
+    """Euler steps for the anchors."""
+    seed: int = 0
+    """Seed of anchors and directions."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    out: str = "diagnostics/response"
+    """Output folder."""
+
+
+def run_response(cmd: Response) -> Dict[str, Any]:
+    _check_positive(anchors=cmd.anchors, directions=cmd.directions, sample_steps=cmd.sample_steps)
+    device = cifar_fpo.pick_device(cmd.device)
+    net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
+    convention = meta["run_args"].get("convention") or getattr(net, "convention", None) or "sigma"
+    reward_fn = cifar_fpo.make_reward(cmd.reward, device=device)
+    latents = torch.randn((cmd.anchors, 3, 32, 32), generator=_generator(cmd.seed, 5)).to(device)
+    anchors = torch.cat([cifar_fpo.sample_images(net, latents[s:s + 256], cmd.sample_steps, convention)
+                         for s in range(0, cmd.anchors, 256)])
+    res = local_response(reward_fn, anchors, directions=cmd.directions, seed=cmd.seed)
+    info = {"command": "response", "checkpoint": meta["source"], "reward": cmd.reward, "anchors": cmd.anchors,
+            "directions": cmd.directions, "response": res}
+    names = [(b, a) for b in res for a in res[b]]
+    arr = np.array([[res[b][a][s] for s in ("M", "C", "O", "DD")] for b, a in names])
+    write_result(Path(cmd.out), "response", {"table": arr, "rows": np.array([f"{b} {a}" for b, a in names])}, info)
+    for b, a in names:
+        r = res[b][a]
+        print(f"{b:7s} {a:7s} M {r['M']:+.5f}  C {r['C']:+.5f}  O {r['O']:+.5f}  DD {r['DD']:.3f}")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Robots (app:robotics-new-geometry)
+# ---------------------------------------------------------------------------------------------
+def robot_bins(objective: str, n_bins: int = ROBOT_BINS, t_min: float = 0.005, t_max: float = 0.995) -> np.ndarray:
+    """Bin edges in flow time t (ascending; bin 0 noisiest). FPO: its native grid, one bin per value
+    t = 1 - s with s in {1, .9, ..., .1} (edges are the grid values; a bin holds exactly one t).
+    FPO++: ``n_bins`` equal bins over its flow-time support [t_min, t_max] (this project's choice)."""
+    if objective == "fpo":
+        return np.arange(ROBOT_BINS + 1) / ROBOT_BINS
+    if objective == "fpopp":
+        return np.linspace(t_min, t_max, n_bins + 1)
+    raise ValueError(f"objective {objective!r} is not one of fpo, fpopp")
+
+
+def robot_labels(objective: str, edges: np.ndarray) -> List[str]:
+    """Noise-coefficient labels sigma = 1 - t: FPO the grid value, FPO++ the bin midpoint."""
+    if objective == "fpo":
+        return [f"{1 - t:.1f}" for t in edges[:-1]]
+    return [f"{1 - (a + b) / 2:.2f}" for a, b in zip(edges[:-1], edges[1:])]
+
+
+def phase_average(records: Sequence[Dict[str, Any]], windows: Sequence[Tuple[float, float]], key: str = "position",
+                  matrix: str = "matrix") -> List[Dict[str, Any]]:
+    """Phase panels: within each window [lo, hi] (inclusive, on ``record[key]``), average the
+    checkpoint matrices within each seed, then average seeds with equal weight
+    (app:robotics-new-geometry). Each record has ``seed``, ``key`` and ``matrix``. Returns per window
+    ``{"matrix", "seeds", "checkpoints"}`` (matrix None when the window is empty)."""
+    out = []
+    for lo, hi in windows:
+        by_seed: Dict[Any, List[np.ndarray]] = {}
+        for r in records:
+            if lo <= r[key] <= hi:
+                by_seed.setdefault(r["seed"], []).append(np.asarray(r[matrix], dtype=np.float64))
+        if not by_seed:
+            out.append({"matrix": None, "seeds": 0, "checkpoints": 0})
+            continue
+        per_seed = [np.nanmean(np.stack(ms), axis=0) for ms in by_seed.values()]
+        out.append({"matrix": np.nanmean(np.stack(per_seed), axis=0), "seeds": len(per_seed),
+                    "checkpoints": sum(len(v) for v in by_seed.values())})
+    return out
+
+
+def robot_gradients(actor, obs, x, adv, edges: np.ndarray, objective: str, draws: int, gen: torch.Generator,
+                    chunk: int = 65536):
+    """``k -> grads`` of the forced r = 1 diagnostic for one batch: bin b's gradient of
+    ``1/(N M) sum_n A_n sum_m l(t_nm, eps_nm)`` with t in bin b (FPO: the grid value; FPO++: uniform
+    in the bin), l = robot_fpo.draw_losses of the objective, unweighted and unclipped
+    (app:robotics-new-geometry). This is the loss gradient at r = 1 (the negative ascent direction).
+    Draws are made once, so the function is deterministic in k."""
+    import robot_fpo
+
+    n, d = x.shape
+    nb = len(edges) - 1
+    if objective == "fpo":
+        ts = [torch.full((n, draws), float(edges[b])) for b in range(nb)]
+    else:
+        ts = [float(edges[b]) + float(edges[b + 1] - edges[b]) * torch.rand((n, draws), generator=gen) for b in range(nb)]
+    eps = [torch.randn((n, draws, d), generator=gen) for _ in range(nb)]
+    params = [p for p in actor.parameters() if p.requires_grad]
+    dev = x.device
+
+    def grad(b: int):
+        total = [torch.zeros_like(p) for p in params]
+        for s in range(0, n, chunk):
+            sl = slice(s, min(n, s + chunk))
+            loss_draws = robot_fpo.draw_losses(actor, obs[sl], x[sl], ts[b][sl].to(dev), eps[b][sl].to(dev), objective)
+            loss = (adv[sl].view(-1, 1) * loss_draws).sum() / (n * draws)
+            for acc, g in zip(total, torch.autograd.grad(loss, params, allow_unused=True)):
+                if g is not None:
+                    acc += g
+        return total
+
+    return grad, params
+
+
+@dataclass
+class RobotGram:
+    """Robot gradient geometry at a robot_fpo.py checkpoint (app:robotics-new-geometry)."""
+
+    checkpoint: str
+    """A robot_fpo run folder (its checkpoints/latest.pt) or a checkpoint file inside one."""
+    batches: int = ROBOT_BATCHES
+    """Fresh on-policy batches (app:robotics-new-geometry: 8)."""
+    bins: int = ROBOT_BINS
+    """FPO++ bins over [t_min, t_max] (FPO always uses its 10-point grid)."""
+    draws: int = 0
+    """(t, eps) draws per transition and bin (0: the run's num_draws)."""
+    num_steps: int = 0
+    """Rollout length per environment of each batch (0: the run's num_steps)."""
+    seed: int = 0
+    """Seed of the diagnostic rollouts and draws."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    out: Optional[str] = None
+    """Output folder (default: <run>/diagnostics/robot_gram_u<update>)."""
+
+
+class _FrozenStats:
+    """Observation/return statistics that stay fixed while the diagnostic collects rollouts."""
+
+    def __init__(self, rms):
+        self.mean, self.var, self.count = rms.mean, rms.var, rms.count
+
+    def update(self, x):
+        return None
+
+
+def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    import robot_fpo
+
+    if cmd.batches < 2:
+        raise ValueError(f"--batches {cmd.batches} must be >= 2 (cross-batch cosines need two batches)")
+    path = Path(cmd.checkpoint)
+    if path.is_dir():
+        path = path / "checkpoints" / "latest.pt"
+    folder = path.parent.parent
+    if not path.is_file() or not (folder / "args.json").is_file():
+        raise ValueError(f"--checkpoint {cmd.checkpoint!r}: expected a robot_fpo run folder with args.json and checkpoints/latest.pt")
+    t0 = time.perf_counter()
+    raw = json.loads((folder / "args.json").read_text())
+    rargs = replace(robot_fpo.Args(), **{k: v for k, v in raw.items() if k in robot_fpo.Args.__dataclass_fields__})
+    if cmd.num_steps:
+        rargs = replace(rargs, num_steps=cmd.num_steps)
+    device = torch.device(cmd.device)
+    state = robot_fpo.build_state(rargs, device)
+    robot_fpo.load_checkpoint(str(path), state)
+    update, global_step = state.update, state.global_step
+    if state.obs_rms is not None:
+        state.obs_rms = _FrozenStats(state.obs_rms)
+    if state.ret_rms is not None:
+        state.ret_rms = _FrozenStats(state.ret_rms)
+    edges = robot_bins(rargs.objective, cmd.bins, rargs.t_min, rargs.t_max)
+    nb = len(edges) - 1
+    draws = cmd.draws or rargs.num_draws
+    grads = []
+    for i in range(cmd.batches):
+        torch.manual_seed(cmd.seed * 1009 + i)
+        state.update = 1_000_000 + cmd.seed * 1000 + i  # fresh environment seeds per batch
+        robot_fpo.reset_envs(state, rargs.seed)
+        batch = robot_fpo.collect_rollout(state, rargs)
+        obs, x, adv = batch["obs"], batch["x"], batch["adv"]
+        if rargs.objective == "fpo":  # first training minibatch, advantages standardised within it
+            mb = max(2, obs.shape[0] // rargs.num_minibatches)
+            idx = torch.randperm(obs.shape[0], generator=_generator(cmd.seed, 6, i))[:mb].to(device)
+            obs, x, adv = obs[idx], x[idx], adv[idx]
+            if rargs.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        else:  # the complete rollout, standardised, clamped to +-adv_clamp
+            if rargs.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv = adv.clamp(-rargs.adv_clamp, rargs.adv_clamp)
+        grads.append(robot_gradients(state.actor, obs, x, adv, edges, rargs.objective, draws, _generator(cmd.seed, 7, i)))
+    state.envs.close()
+    params = grads[0][1]
+    gram, layout = streamed_gram(lambda k: grads[k // nb][0](k % nb), params, cmd.batches * nb, 1 << 30, device)
+    # bins whose gradient vanishes in every batch (FPO's s = 1 bin) are inactive and dropped
+    sq = np.diag(gram).reshape(cmd.batches, nb)
+    active = np.nonzero((sq > 0).any(axis=0))[0]
+    idx = np.concatenate([i * nb + active for i in range(cmd.batches)])
+    stats = gram_statistics(gram[np.ix_(idx, idx)], cmd.batches, len(active))
+    summary = summarise(stats)
+    labels = [robot_labels(rargs.objective, edges)[b] for b in active]
+    alpha = robot_fpo.current_alpha(rargs, global_step)
+    out = Path(cmd.out) if cmd.out else folder / "diagnostics" / f"robot_gram_u{update:06d}"
+    info = {"command": "robot-gram", "checkpoint": str(path), "run": folder.name, "env_id": rargs.env_id,
+            "objective": rargs.objective, "seed": rargs.seed, "update": update, "global_step": global_step,
+            "block": global_step // rargs.block_size, "alpha": alpha, "profile": _profile_label(rargs),
+            "batches": cmd.batches, "draws": draws, "active_bins": active, "labels": labels,
+            "layout": layout, "time_s": time.perf_counter() - t0, **summary}
+    arrays = {k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts", "cross_counts", "norms")}
+    arrays.update(gram=gram, bin_edges=edges, active_bins=active)
+    write_result(out, "robot_gram", arrays, info)
+    tag = f"{rargs.env_id} {rargs.objective} {info['profile']} u={update}"
+    save_heatmap(out / "cross.png", stats["C_cross"], labels, f"{tag}: cross-batch cosine")
+    save_heatmap(out / "within.png", stats["C_within"], labels, f"{tag}: within-batch cosine")
+    print(f"robot-gram {tag}: mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} within "
+          f"{summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f} -> {out}", flush=True)
+    return info
+
+
+def _profile_label(rargs) -> str:
+    base = rargs.alpha_eps if rargs.objective == "fpo" else rargs.alpha
+    if rargs.alpha_early is None and rargs.alpha_late is None:
+        return f"alpha={base:g}"
+    early = base if rargs.alpha_early is None else rargs.alpha_early
+    late = base if rargs.alpha_late is None else rargs.alpha_late
+    return f"alpha={early:g}->{late:g}"
+
+
+@dataclass
+class RobotPhases:
+    """Phase-averaged robot heatmaps from robot-gram results (app:robotics-new-geometry)."""
+
+    results: Tuple[str, ...]
+    """robot_gram.npz files (or their folders) of many checkpoints, seeds and profiles."""
+    matrix: str = "C_cross"
+    """Matrix to average: C_cross or C_within."""
+    windows: Optional[str] = None
+    """Phase windows 'lo-hi,lo-hi,...' (inclusive); default by objective: FPO blocks 20/60/122,
+    FPO++ iterations 0-400/500-900/1000-1499."""
+    unit: Optional[str] = None
+    """Position of a checkpoint in a window: block or update (default: by objective)."""
+    cartpole: bool = False
+    """Use the Cartpole FPO++ windows 0-40/50-90/100-149."""
+    out: str = "diagnostics/robot_phases"
+    """Output folder: phases.npz, phases.json, atlas.png."""
+
+
+def parse_windows(text: str) -> List[Tuple[float, float]]:
+    out = []
+    for part in text.split(","):
+        try:
+            lo, hi = (float(v) for v in part.strip().split("-"))
+        except ValueError:
+            raise ValueError(f"--windows {text!r}: expected 'lo-hi,lo-hi,...' with numbers, e.g. 0-400,500-900") from None
+        if hi < lo:
+            raise ValueError(f"--windows {text!r}: window {part!r} has hi < lo")
+        out.append((lo, hi))
+    return out
+
+
+def run_robot_phases(cmd: RobotPhases) -> Dict[str, Any]:
+    if cmd.matrix not in ("C_cross", "C_within", "C_fluct"):
+        raise ValueError(f"--matrix {cmd.matrix!r} is not one of C_cross, C_within, C_fluct")
+    if cmd.unit is not None and cmd.unit not in ("block", "update"):
+        raise ValueError(f"--unit {cmd.unit!r} is not one of block, update")
+    records, labels, objective = [], None, None
+    for r in cmd.results:
+        p = Path(r)
+        arrays, info = read_result(p / "robot_gram.npz" if p.is_dir() else p)
+        objective = objective or info["objective"]
+        if labels is None:
+            labels = info["labels"]
+        elif info["labels"] != labels:
+            raise ValueError(f"result {r!r} has bins {info['labels']}, others {labels}; phase averages need equal bins")
+        records.append({"seed": info["seed"], "block": info["block"], "update": info["update"],
+                        "profile": info.get("profile", ""), "matrix": arrays[cmd.matrix]})
+    if not records:
+        raise ValueError("--results is empty; give robot_gram.npz files")
+    default = PHASES["fpopp-cartpole" if cmd.cartpole else objective]
+    unit = cmd.unit or default[0]
+    windows = parse_windows(cmd.windows) if cmd.windows else list(default[1])
+    profiles = sorted({r["profile"] for r in records})
+    panels, table = [], {}
+    names = [f"{PHASE_NAMES[i] if i < len(PHASE_NAMES) else i} {unit} {lo:g}-{hi:g}" for i, (lo, hi) in enumerate(windows)]
+    arrays = {}
+    for prof in profiles:
+        res = phase_average([r for r in records if r["profile"] == prof], windows, key=unit)
+        panels.append([(r["matrix"], f"{prof} {names[i]} ({r['seeds']} seeds)") if r["matrix"] is not None else None
+                       for i, r in enumerate(res)])
+        table[prof] = [{"phase": names[i], "seeds": r["seeds"], "checkpoints": r["checkpoints"],
+                        **(block_summary(r["matrix"]) if r["matrix"] is not None else {})} for i, r in enumerate(res)]
+        for i, r in enumerate(res):
+            if r["matrix"] is not None:
+                arrays[f"{prof}|{i}"] = r["matrix"]
+    out = Path(cmd.out)
+    write_result(out, "phases", arrays, {"command": "robot-phases", "matrix": cmd.matrix, "unit": unit,
+                                         "windows": windows, "labels": labels, "phases": table})
+    save_atlas(out / "atlas.png", panels, labels, profiles, names, title=f"{objective} {cmd.matrix}: phase averages")
+    return {"phases": table}
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-rendering saved results
+# ---------------------------------------------------------------------------------------------
+def _labels_of(arrays, info) -> List[str]:
+    if "labels" in info:
+        return list(info["labels"])
+    return cifar_labels(arrays["C_cross"].shape[0])
+
+
+@dataclass
+class Heatmap:
+    """Render one matrix of a saved gram / robot-gram result as a PNG."""
+
+    result: str
+    """A gram.npz / robot_gram.npz file (or the .json next to it)."""
+    matrix: str = "C_cross"
+    """C_cross, C_within, C_fluct or C_paired."""
+    out: Optional[str] = None
+    """PNG path (default: <matrix>.png next to the result)."""
+    title: Optional[str] = None
+    """Panel title (default: name, checkpoint update and alpha)."""
+
+
+def run_heatmap(cmd: Heatmap) -> Path:
+    arrays, info = read_result(cmd.result)
+    if cmd.matrix not in arrays or cmd.matrix not in ("C_cross", "C_within", "C_fluct", "C_paired"):
+        raise ValueError(f"--matrix {cmd.matrix!r} is not in the result; available: "
+                         f"{', '.join(k for k in arrays if k.startswith('C_'))}")
+    title = cmd.title or f"{info.get('name', info.get('run', ''))} k={info.get('k', info.get('update'))} alpha={_fmt(info.get('alpha'))}: {cmd.matrix}"
+    out = Path(cmd.out) if cmd.out else Path(cmd.result).with_name(f"{cmd.matrix}.png")
+    return save_heatmap(out, arrays[cmd.matrix], _labels_of(arrays, info), title)
+
+
+@dataclass
+class Atlas:
+    """A grid of heatmaps from saved results: rows = profiles (alpha), columns = checkpoints."""
+
+    results: Tuple[str, ...]
+    """gram.npz / robot_gram.npz files."""
+    matrix: str = "C_cross"
+    """C_cross, C_within, C_fluct or C_paired."""
+    out: str = "diagnostics/atlas.png"
+    """PNG path."""
+    title: str = ""
+    """Figure title."""
+
+
+def run_atlas(cmd: Atlas) -> Path:
+    if not cmd.results:
+        raise ValueError("--results is empty; give gram.npz files")
+    loaded = [read_result(r) for r in cmd.results]
+    rows: Dict[str, List] = {}
+    labels = None
+    for arrays, info in loaded:
+        if cmd.matrix not in arrays:
+            raise ValueError(f"--matrix {cmd.matrix!r} missing in a result; available: {', '.join(k for k in arrays if k.startswith('C_'))}")
+        prof = info.get("profile") or f"alpha={_fmt(info.get('alpha'))}"
+        pos = info.get("k", info.get("update", 0))
+        rows.setdefault(prof, []).append((pos, arrays[cmd.matrix], f"{info.get('name', info.get('run', ''))} k={pos} {prof}"))
+        labels = labels or _labels_of(arrays, info)
+    names = sorted(rows)
+    cols = sorted({p for v in rows.values() for p, _, _ in v})
+    grid = [[next(((m, t) for p, m, t in rows[r] if p == c), None) for c in cols] for r in names]
+    return save_atlas(cmd.out, grid, labels, names, [f"k={c}" for c in cols], title=cmd.title)
+
+
+def _commands():
+    return {
+        "gram": (Gram, run_gram),
+        "robot-gram": (RobotGram, run_robot_gram),
+        "robot-phases": (RobotPhases, run_robot_phases),
+        "coherence": (Coherence, run_coherence),
+        "response": (Response, run_response),
+        "heatmap": (Heatmap, run_heatmap),
+        "atlas": (Atlas, run_atlas),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    """Parse ``argv`` into one of the commands and run it."""
+    cmds = _commands()
+    cmd = tyro.extras.subcommand_cli_from_dict({name: cls for name, (cls, _) in cmds.items()}, args=argv,
+                                               description=__doc__.split("\n\n")[0])
+    runner = {cls: fn for cls, fn in cmds.values()}[type(cmd)]
+    return runner(cmd)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as err:  # bad input: one line naming the value and what is allowed
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

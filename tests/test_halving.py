@@ -1,0 +1,403 @@
+"""Successive halving (halving.py): the rule, tiny live tournaments on the CPU, and the replay
+against selection probabilities and costs computed by hand."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import cifar_fpo  # noqa: E402
+import halving  # noqa: E402
+import robot_fpo  # noqa: E402
+
+TINY_UNET = {
+    "_class_name": "UNet2DModel",
+    "sample_size": 32,
+    "in_channels": 3,
+    "out_channels": 3,
+    "block_out_channels": [16, 32],
+    "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+    "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+    "layers_per_block": 1,
+    "norm_num_groups": 8,
+    "norm_eps": 1e-5,
+    "attention_head_dim": None,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "downsample_padding": 1,
+}
+RUNGS = (2, 4, 8)
+
+
+def run_cli(args, cwd, check=True):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "halving.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"halving.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def strip_times(records):
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in records]
+
+
+# ------------------------------------------------------------------------------------------------
+# the rule
+# ------------------------------------------------------------------------------------------------
+def test_help_lists_the_commands(tmp_path):
+    out = run_cli(["--help"], cwd=tmp_path).stdout
+    for cmd in ("cifar", "robot", "replay"):
+        assert cmd in out
+
+
+def test_keep_half_rounded_up_and_rung_schedules():
+    assert [halving.keep_count(k) for k in (1, 2, 3, 4, 5, 11)] == [1, 1, 2, 2, 3, 6]
+    assert halving.halving_rungs(200, 800) == [200, 400, 800]  # app:search-settings
+    assert halving.halving_rungs(100, 1000) == [100, 200, 400, 800, 1000]  # 2^i N, then the full budget
+    assert halving.cut_fractions(0.2) == pytest.approx([0.2, 0.4, 0.8])
+    assert halving.cut_fractions(0.25) == [0.25, 0.5]  # 100% is not a cut
+    assert halving.cut_fractions(0.5) == [0.5]
+    assert halving.cut_fractions(None) == []
+    with pytest.raises(ValueError, match="first_cut"):
+        halving.cut_fractions(1.5)
+
+
+def test_ranking_ties_favour_the_smaller_exponent_and_failures_go_last():
+    scores = {1.0: 0.5, -1.0: 0.5, 0.0: 0.7, -2.0: float("nan"), 0.5: 0.5}
+    assert halving.rank_candidates(scores) == [0.0, -1.0, 0.5, 1.0, -2.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# live CIFAR tournaments on a tiny model
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_train(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_unet")
+    torch.manual_seed(0)
+    cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(TINY_UNET), folder, dtype=torch.float32)
+    return cifar_fpo.Args(model=str(folder), preset="quick", reward="red-patch", device="cpu", batch_size=4,
+                          group_size=2, mc_draws=2, sample_steps=2, val_every=2, val_banks=1, val_bank_size=4,
+                          calib_bank_size=8, fit_batch_size=4, learning_rate=1e-3, verbose=False,
+                          save_samples=False, estimator="q+Z", early_stop=False)
+
+
+def tournament(train, out_dir, processes, **kw):
+    spec = halving.CifarTournament(rungs=RUNGS, out_dir=str(out_dir), name="t", processes=processes, threads=1,
+                                   train=train, **kw)
+    return halving.run_tournament(spec)
+
+
+@pytest.fixture(scope="module")
+def tour1(tiny_train, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tour1")
+    return tournament(tiny_train, out, processes=1), out / "t"
+
+
+def test_cifar_tournament_costs_two_full_runs(tour1):
+    res, folder = tour1
+    assert json.loads((folder / "tournament.json").read_text()) == json.loads(json.dumps(res))
+    cost = res["cost"]
+    # C_SH4 = (4*200 + 2*(400-200) + (800-400))/800 = 2 (app:halving), here with rungs 2/4/8
+    assert cost["trained"] == 4 * 2 + 2 * (4 - 2) + (8 - 4) == 16
+    assert cost["full_run"] == 8
+    assert cost["C"] == 2.0 and cost["exhaustive"] == 4.0 and cost["fraction"] == 0.5
+    # every arm's own summary agrees with the accounting: two stop at 2, one at 4, the winner reaches 8
+    done = sorted(json.loads((Path(a["replicates"][0]["run"]) / "summary.json").read_text())["updates_done"]
+                  for a in res["arms"].values())
+    assert done == [2, 2, 4, 8]
+    assert res["config"]["train"]["estimator"] == "q+Z"
+
+
+def test_cifar_eliminations_follow_the_recorded_validation_means(tour1):
+    res, folder = tour1
+    alive = ["-2", "-1", "0", "1"]
+    for rung, rnd in zip(RUNGS, res["rounds"]):
+        assert rnd["rung"] == rung and rnd["alive"] == alive
+        # the rung's pooled validation mean, read straight from each arm's metrics.jsonl
+        vals = {}
+        for a in alive:
+            recs = read_jsonl(folder / "arms" / f"alpha{float(a):+g}__seed{halving.CIFAR_SEED}" / "metrics.jsonl")
+            vals[a] = [r["val_reward"] for r in recs if r["kind"] == "validation" and r["update"] == rung][0]
+        assert rnd["scores"] == vals
+        keep = math.ceil(len(alive) / 2) if rung != RUNGS[-1] else 1
+        expect = sorted(alive, key=lambda a: (-vals[a], float(a)))[:keep]
+        assert rnd["kept"] == expect
+        alive = expect
+    assert res["winner"] == alive[0]
+    winner = res["arms"][res["winner"]]
+    assert winner["peak"] >= res["rounds"][-1]["scores"][res["winner"]]  # the peak includes the last node
+
+
+def test_survivor_continuation_equals_one_uninterrupted_run(tour1, tmp_path):
+    res, folder = tour1
+    arm = Path(res["arms"][res["winner"]]["replicates"][0]["run"])
+    args = cifar_fpo.Args(**json.loads((arm / "args.json").read_text()))
+    straight = replace(args, runs_dir=str(tmp_path), run_name="straight", until=None, resume=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tournament ran its arms with --threads 1
+    try:
+        cifar_fpo.main(straight)
+    finally:
+        torch.set_num_threads(threads)
+    assert strip_times(read_jsonl(arm / "metrics.jsonl")) == strip_times(read_jsonl(tmp_path / "straight/metrics.jsonl"))
+    a = torch.load(arm / "checkpoints/last.pt", weights_only=False)
+    b = torch.load(tmp_path / "straight/checkpoints/last.pt", weights_only=False)
+    assert a["k"] == b["k"] == RUNGS[-1]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys()
+    for i in sa:
+        for key in sa[i]:
+            assert torch.equal(torch.as_tensor(sa[i][key]), torch.as_tensor(sb[i][key])), (i, key)
+
+
+def test_results_do_not_depend_on_the_number_of_processes(tour1, tiny_train, tmp_path):
+    res1, _ = tour1
+    res2 = tournament(tiny_train, tmp_path, processes=2)
+    assert res2["run_info"]["processes"] == 2
+    assert res2["rounds"] == res1["rounds"]
+    assert res2["cost"] == res1["cost"]
+    assert res2["winner"] == res1["winner"]
+    for a in res1["arms"]:
+        assert res2["arms"][a]["peak"] == res1["arms"][a]["peak"]
+
+
+def test_rerun_continues_and_other_settings_are_refused(tour1, tiny_train):
+    res, folder = tour1
+    stamp = (folder / "arms" / f"alpha-2__seed{halving.CIFAR_SEED}" / "metrics.jsonl").stat().st_mtime_ns
+    again = tournament(tiny_train, folder.parent, processes=1)  # every arm already reached its rung
+    assert again["rounds"] == res["rounds"] and again["cost"] == res["cost"]
+    assert (folder / "arms" / f"alpha-2__seed{halving.CIFAR_SEED}" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="different tournament"):
+        tournament(replace(tiny_train, learning_rate=1e-2), folder.parent, processes=1)
+
+
+def test_exact_ties_in_a_live_tournament_keep_the_smaller_exponents(tiny_train, tmp_path):
+    # learning rate 0: no arm moves, so every rung is an exact tie between all arms
+    spec = halving.CifarTournament(alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="tie",
+                                   processes=1, threads=1, train=replace(tiny_train, learning_rate=0.0))
+    res = halving.run_tournament(spec)
+    first, last = res["rounds"]
+    assert len(set(first["scores"].values())) == 1
+    assert first["kept"] == ["-1", "0"] and first["eliminated"] == ["1"]
+    assert last["kept"] == ["-1"] and res["winner"] == "-1"
+    assert res["cost"]["C"] == (3 * 2 + 2 * (4 - 2)) / 4
+
+
+def test_bad_tournament_settings_raise(tiny_train, tmp_path):
+    with pytest.raises(ValueError, match="val-every"):
+        halving.run_tournament(halving.CifarTournament(rungs=(3, 6), out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        halving.run_tournament(halving.CifarTournament(rungs=(4, 2), out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="distinct"):
+        halving.run_tournament(halving.CifarTournament(alphas=(0.0, 0.0), out_dir=str(tmp_path), train=tiny_train))
+
+
+def test_robot_tournament(tmp_path):
+    train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
+                    update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
+                    critic_layers=1, eval_every=2, eval_episodes=2, cuda=False, torch_threads=1)
+    # rungs in environment steps: 2 and 4 updates of 4 x 32 steps
+    spec = halving.RobotTournament(alphas=(1.0, 0.5), seeds=(3,), rungs=(256, 512), unit="steps",
+                                   out_dir=str(tmp_path), name="r", train=train)
+    res = halving.run_tournament(spec)
+    assert res["cost"]["trained"] == 2 * 256 + 256 and res["cost"]["C"] == 1.5
+    rnd = res["rounds"][0]
+    vals = {}
+    for a in ("1", "0.5"):
+        rows = read_jsonl(tmp_path / "r/arms" / f"alpha{float(a):+g}__seed3" / "metrics.jsonl")
+        vals[a] = [r["eval_return"] for r in rows if r["update"] == 2 and "eval_return" in r][0]
+    assert rnd["scores"] == vals
+    assert rnd["kept"] == [sorted(vals, key=lambda a: (-vals[a], float(a)))[0]] == [res["winner"]]
+    arm = json.loads((tmp_path / "r/arms" / f"alpha{float(res['winner']):+g}__seed3" / "args.json").read_text())
+    assert arm["alpha_eps"] == float(res["winner"]) and arm["objective"] == "fpo"
+    with pytest.raises(ValueError, match="multiples"):
+        halving.run_tournament(replace(spec, rungs=(100, 512)))
+
+
+# ------------------------------------------------------------------------------------------------
+# replay
+# ------------------------------------------------------------------------------------------------
+STEPS = [0, 25, 50, 100]
+# first cut 60% -> target 60 -> the last evaluation at or before it is step 50 (index 2).
+# Early peaks (max over steps 0..50): A = [1, 4, 3], B = [2, 2, 2]; full peaks A = [6, 5, 4], B = [9, 8, 10].
+A = [[0, 1, 0.5, 6], [0, 4, 1, 5], [3, 0, 0, 4]]
+B = [[0, 0, 2, 9], [2, 0, 0, 8], [0, 2, 1, 10]]
+
+
+def test_replay_two_candidates_by_hand():
+    # n = 1: A's early peak beats B's on seeds 1 and 2 -> pi(A) = 2/3
+    r1 = halving.replay({"A": A, "B": B}, STEPS, 1, 0.6)
+    assert r1["cuts"] == [{"target": 0.6, "step": 50.0}]
+    assert r1["probabilities_exact"] == {"A": "2/3", "B": "1/3"}
+    assert r1["pbar"] == {"A": 5.0, "B": 9.0}
+    assert r1["selected_score"] == pytest.approx(2 / 3 * 5 + 1 / 3 * 9)
+    assert r1["oracle"] == 9.0 and r1["oracle_candidate"] == "B"
+    assert r1["draw_range"] == [5.0, 9.0]
+    # cost per replicate: the eliminated arm stops at step 50 (not 60), the survivor runs to 100
+    assert r1["cost"] == pytest.approx((50 + 100) / 100)
+    assert r1["exhaustive_cost"] == 2 and r1["fraction"] == pytest.approx(0.75)
+    # n = 2: nine ordered draws; A - B early differences per seed are (-1, +2, +1). A wins (0,1), (1,0),
+    # (1,1), (1,2), (2,1), (2,2); (0,2) and (2,0) are exact ties (means 2 = 2), each split 1/2.
+    r2 = halving.replay({"A": A, "B": B}, STEPS, 2, 0.6)
+    assert r2["draws"] == 9
+    assert r2["probabilities_exact"] == {"A": "7/9", "B": "2/9"}
+    assert r2["selected_score"] == pytest.approx(7 / 9 * 5 + 2 / 9 * 9)
+    assert r2["cost"] == pytest.approx(2 * 1.5) and r2["exhaustive_cost"] == 4
+    # exhaustive search ranks the drawn full peaks: B (9, 8, 10) beats A (6, 5, 4) in every draw
+    full = halving.replay({"A": A, "B": B}, STEPS, 2, None)
+    assert full["probabilities_exact"] == {"A": "0", "B": "1"} and full["cost"] == 4 and full["fraction"] == 1
+
+
+def test_replay_three_candidates_two_rounds_by_hand():
+    steps = [0, 10, 20, 40, 80]
+    # first cut 25%: cuts at 20 and 40; three candidates -> keep 2 at 20, keep 1 at 40
+    c = {
+        "x": [[0, 3, 0, 0, 0], [0, 1, 0, 0, 9]],  # early peak 3 | 1; at 40 still 3 | 1
+        "y": [[0, 2, 0, 5, 5], [0, 2, 0, 0, 0]],  # early 2 | 2; at 40: 5 | 2
+        "z": [[0, 1, 0, 0, 9], [0, 3, 0, 4, 4]],  # early 1 | 3; at 40: 1 | 4
+    }
+    r = halving.replay(c, steps, 1, 0.25)
+    assert [k["step"] for k in r["cuts"]] == [20.0, 40.0]
+    # seed 0: keep x, y at 20; y (5) beats x (3) at 40 -> y.  seed 1: keep z, y; z (4) beats y (2) -> z.
+    assert r["probabilities_exact"] == {"x": "0", "y": "1/2", "z": "1/2"}
+    # cost per replicate: one stops at 20, one at 40, one runs to 80 -> (20 + 40 + 80) / 80
+    assert r["cost"] == pytest.approx(140 / 80)
+    # n = 2 draws (0,1) and (1,0): early means x 2, y 2, z 2 -> a three-way tie; keeping two of three
+    # by candidate ordering, then ranking at 40 (x 2, y 3.5, z 2.5)
+    r2 = halving.replay(c, steps, 2, 0.25)
+    # per ordering of (x, y, z), the first two listed are kept; y wins whenever kept (4 orderings of 6),
+    # otherwise {x, z} -> z. So each mixed draw gives y 2/3, z 1/3; draws (0,0) -> y, (1,1) -> z.
+    assert r2["probabilities_exact"] == {"x": "0", "y": str(Fraction(1 + 2 * Fraction(2, 3), 4)),
+                                         "z": str(Fraction(1 + 2 * Fraction(1, 3), 4))}
+
+
+def test_replay_ties_are_averaged_over_whole_orderings():
+    # x and y tie for the second place at the cut, z leads; z then ties with the survivor at the full
+    # budget. Each ordering breaks both ties, so z wins only when listed before x and y: 1/3 each.
+    steps = [0, 50, 100]
+    c = {"x": [[0, 1, 5]], "y": [[0, 1, 5]], "z": [[0, 2, 5]]}
+    r = halving.replay(c, steps, 1, 0.5)
+    assert r["probabilities_exact"] == {"x": "1/3", "y": "1/3", "z": "1/3"}
+    same = halving.replay({"p": [[1, 2, 3]], "q": [[1, 2, 3]]}, steps, 1, 0.5)
+    assert same["probabilities_exact"] == {"p": "1/2", "q": "1/2"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replay_does_not_depend_on_the_candidate_order(seed):
+    rng = np.random.default_rng(seed)
+    labels = ["-2", "-1", "0", "1", "2"][: 3 + seed % 3]
+    curves = {a: rng.integers(0, 4, size=(3, 6)).astype(float) for a in labels}  # small integers: many ties
+    steps = [0, 1, 2, 4, 6, 8]
+    ref = halving.replay(curves, steps, 2, 0.25)
+    shuffler = random.Random(seed)
+    for _ in range(3):
+        order = labels[:]
+        shuffler.shuffle(order)
+        other = halving.replay({a: curves[a] for a in order}, steps, 2, 0.25)
+        assert other["probabilities_exact"] == {a: ref["probabilities_exact"][a] for a in order}
+        assert other["selected_score"] == pytest.approx(ref["selected_score"], abs=1e-12)
+        assert other["draw_range"] == ref["draw_range"] and other["cost"] == ref["cost"]
+    assert sum(Fraction(p) for p in ref["probabilities_exact"].values()) == 1
+
+
+def test_replay_cost_matches_the_papers_fpo_entries():
+    # tab:halving-budgets / tab:halving-choice, n = 3, 244 blocks. With an evaluation every 3 blocks the
+    # cost definition gives every Acrobot (K = 4) and Walker (K = 5) entry.
+    steps = list(range(0, 244, 3)) + [244]
+    expect = {4: {0.1: 4.1803, 0.2: 5.3607, 0.4: 7.7582, None: 12.0},
+              5: {0.1: 5.3607, 0.2: 7.7582, 0.4: 10.7582, None: 15.0}}
+    for k, table in expect.items():
+        curves = {str(i): np.random.default_rng(i).random((1, len(steps))) for i in range(k)}
+        for cut, c in table.items():
+            r = halving.replay(curves, steps, 3, cut)
+            assert round(r["cost"], 4) == c, (k, cut)
+    r = halving.replay({str(i): np.zeros((1, len(steps))) + i for i in range(4)}, steps, 3, 0.2)
+    assert round(100 * r["fraction"], 4) == 44.6721  # Acrobot search / exhaustive at 20%
+    assert r["cost_per_replicate"] == pytest.approx(4 * r["fraction"])  # C_fig = C / n = K f
+
+
+def test_replay_bad_input():
+    with pytest.raises(ValueError, match="before the first evaluation"):
+        halving.replay({"a": [[1, 2]], "b": [[2, 1]]}, [10, 100], 1, 0.05)
+    with pytest.raises(ValueError, match="same positive number"):
+        halving.replay({"a": [[1, 2]], "b": [[2, 1], [1, 1]]}, [0, 1], 1, 0.5)
+    with pytest.raises(ValueError, match="expected"):
+        halving.replay({"a": [[1, 2, 3]]}, [0, 1], 1, 0.5)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        halving.replay({"a": [[1, 2]]}, [1, 1], 1, 0.5)
+    with pytest.raises(ValueError, match="n_draw"):
+        halving.replay({"a": [[1, 2]]}, [0, 1], 0, 0.5)
+    with pytest.raises(ValueError, match="first_cut"):
+        halving.replay({"a": [[1, 2]]}, [0, 1], 1, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# run folders -> curves -> replay tables
+# ------------------------------------------------------------------------------------------------
+def write_cifar_run(folder, alpha, seed, values):
+    folder.mkdir(parents=True)
+    (folder / "args.json").write_text(json.dumps({"reward": "auto-a35", "weighting": "fixed", "alpha": alpha,
+                                                  "target": None, "seed": seed}))
+    recs = [{"kind": "calibration", "update": -1, "c_x0": 0.1}]
+    for k, v in zip((0, 20, 40), values):
+        recs.append({"kind": "validation", "update": k, "val_reward": v})
+        recs.append({"kind": "update", "update": k, "loss": 0.0})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_run_folders_convert_to_curves_and_replay_prints_the_tables(tmp_path):
+    runs = tmp_path / "runs"
+    write_cifar_run(runs / "m1_s1", -1.0, 1, [0, .5, .6])
+    write_cifar_run(runs / "m1_s2", -1.0, 2, [0, .25, .9])
+    write_cifar_run(runs / "m1_s3", -1.0, 3, [0, .2, .4])
+    write_cifar_run(runs / "p1_s1", 1.0, 1, [0, .4, .8])
+    write_cifar_run(runs / "p1_s2a", 1.0, 2, [0, .1, .7])  # two runs of one seed: averaged pointwise
+    write_cifar_run(runs / "p1_s2b", 1.0, 2, [0, .5, .5])
+    write_cifar_run(runs / "p1_s3", 1.0, 3, [0, .1, .3])
+    run_cli(["curves", "runs", "--out", "c.json"], cwd=tmp_path)
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["steps"] == [0, 20, 40] and data["seeds"] == [1, 2, 3] and data["native"] == "1"
+    np.testing.assert_allclose(data["curves"]["1"][1], [0, 0.3, 0.6])
+    # first cut 50% of 40 -> step 20. Early peaks -1: (.5, .25, .2), 1: (.4, .3, .1) -> pi(1) = 1/3.
+    # Pbar(-1) = (.6+.9+.4)/3, Pbar(1) = (.8+.6+.3)/3; selected = 2/3 Pbar(-1) + 1/3 Pbar(1).
+    out = run_cli(["replay", "c.json", "--n-draw", "1", "--first-cuts", "50", "--highlight", "50",
+                   "--out", "r.json"], cwd=tmp_path).stdout
+    pm, pp = (0.6 + 0.9 + 0.4) / 3, (0.8 + 0.6 + 0.3) / 3
+    sel = 2 / 3 * pm + 1 / 3 * pp
+    assert "-1: 2/3; 1: 1/3" in out
+    assert f"{sel:.6f}" in out and f"{pm:.6f}" in out and f"{sel - pp:+.6f}" in out
+    assert "Full search" in out and f"{sel:.2f}" in out and "1.5000" in out  # C = (20 + 40)/40
+    res = json.loads((tmp_path / "r.json").read_text())["auto-a35"]["n=1"]
+    assert res[0]["probabilities_exact"] == {"-1": "2/3", "1": "1/3"} and res[-1]["first_cut_pct"] is None
+
+
+def test_robot_run_folder_reads_its_exponent_and_steps(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "args.json").write_text(json.dumps({"env_id": "Acrobot", "objective": "fpo", "alpha_eps": 0.5,
+                                                  "alpha": 1.0, "seed": 901, "alpha_early": None, "alpha_late": None}))
+    rows = [{"update": 0, "global_step": 0, "eval_return": 1.0}, {"update": 1, "global_step": 512},
+            {"update": 2, "global_step": 1024, "eval_return": 3.0}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = halving.read_run(folder, unit="steps")
+    assert run["label"] == "0.5" and run["seed"] == 901 and run["curve"] == {0.0: 1.0, 1024.0: 3.0}
+    assert halving.read_run(folder)["curve"] == {0.0: 1.0, 2.0: 3.0}
