@@ -75,6 +75,8 @@ import json
 import math
 import os
 import random
+import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -220,6 +222,8 @@ class Args:
     """checkpoint (and reseed environments) every this many updates (0: ``eval_every``)"""
     resume: bool = False
     """continue from ``runs/<run_name>/checkpoints/latest.pt`` when it exists"""
+    keep_checkpoints: bool = False
+    """also keep every checkpoint as ``checkpoints/update_NNNNNN.pt`` (e.g. for ``diagnostics.py robot-phases``)"""
 
 
 # ----------------------------------------------------------------------------------------
@@ -912,6 +916,10 @@ def main(args: Args) -> dict:
         log(row)
         if state.update % ckpt_every == 0 or state.update == num_updates:
             save_checkpoint(ckpt_path, state)
+            if args.keep_checkpoints:
+                keep = os.path.join(ckpt_dir, f"update_{state.update:06d}.pt")
+                shutil.copyfile(ckpt_path, keep + ".tmp")
+                os.replace(keep + ".tmp", keep)
             summary("running")
     if status != "nonfinite":
         status = "completed"
@@ -920,4 +928,8 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except ValueError as err:  # bad input: one line naming the value and what is allowed
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

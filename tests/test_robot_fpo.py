@@ -207,8 +207,11 @@ def run_script(tmp_path, *flags):
 
 
 def test_end_to_end_mujoco_fpo(tmp_path):
-    rows, summary = run_script(tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5")
+    rows, summary = run_script(tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5",
+                               "--keep-checkpoints")
     assert summary["status"] == "completed" and summary["global_step"] == 2048
+    kept = sorted(p.name for p in (tmp_path / "e2e" / "checkpoints").glob("update_*.pt"))
+    assert kept == ["update_000004.pt", "update_000008.pt"]
     assert [r["update"] for r in rows] == list(range(9))
     evals = [r["eval_return"] for r in rows if "eval_return" in r]
     assert len(evals) == 3 and summary["peak_eval_return"] == max(evals)
