@@ -206,6 +206,11 @@ class Args:
     ``tanh(x)`` rescaled to the bounds (FPO reference); ``clip`` stores x clipped to [-1, 1]
     and rescales it (bounded losses, but on HalfCheetah/Walker2d it drove the policy to
     bang-bang actions and did not learn in 1M steps)"""
+    action_bound: float = 3.0
+    """with ``--action-squash tanh``: clamp the sampled action x to [-b, b] before it is stored
+    and sent to the environment (<= 0 disables). tanh(3) = 0.995, so the reachable action box
+    is unchanged, but stored actions (and hence the old flow losses) stay bounded; without it
+    the pre-tanh actions drifted to |x| ~ 25 on HalfCheetah/Walker2d and exp(D) overflowed"""
     fpopp_action_noise: float = 0.02
     """std of Gaussian noise FPO++ adds to training actions (0 disables)"""
 
@@ -570,6 +575,8 @@ def collect_rollout(state: State, args: Args) -> dict:
             x_np = x_np + args.fpopp_action_noise * torch.randn(n, d).numpy()
         if args.action_squash == "clip":
             x_np = np.clip(x_np, -1.0, 1.0)
+        elif args.action_bound > 0:
+            x_np = np.clip(x_np, -args.action_bound, args.action_bound)
         x_np = x_np.astype(np.float32)
         act_buf[step] = x_np
         next_obs, reward, term, trunc, info = envs.step(squash_action(x_np.astype(np.float64), low, high, args.action_squash))

@@ -22,22 +22,8 @@ import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
 import robot_fpo  # noqa: E402
 
-TINY_UNET = {
-    "_class_name": "UNet2DModel",
-    "sample_size": 32,
-    "in_channels": 3,
-    "out_channels": 3,
-    "block_out_channels": [16, 32],
-    "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
-    "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
-    "layers_per_block": 1,
-    "norm_num_groups": 8,
-    "norm_eps": 1e-5,
-    "attention_head_dim": None,
-    "flip_sin_to_cos": True,
-    "freq_shift": 0,
-    "downsample_padding": 1,
-}
+from test_cifar_fpo import TINY_UNET  # noqa: E402
+
 RUNGS = (2, 4, 8)
 
 
