@@ -34,8 +34,8 @@ import robot_fpo  # noqa: E402
 class BenchArgs:
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of the benchmarked task"""
-    num_envs: int = 16
-    """parallel environments (as ``robot_fpo.py --num-envs``)"""
+    num_envs: int = robot_fpo.Args.num_envs
+    """parallel environments (as ``robot_fpo.py --num-envs``; default: its default)"""
     num_steps: int = 64
     """rollout length per environment (as ``robot_fpo.py --num-steps``)"""
     async_envs: bool = False
@@ -44,8 +44,10 @@ class BenchArgs:
     """objective of the end-to-end run: fpo or fpopp"""
     num_draws: int = 8
     """(t, eps) draws per action (as ``robot_fpo.py --num-draws``)"""
-    update_epochs: int = 4
+    update_epochs: int = robot_fpo.Args.update_epochs
     """epochs per update (as ``robot_fpo.py --update-epochs``)"""
+    num_minibatches: int = robot_fpo.Args.num_minibatches
+    """minibatches per epoch (as ``robot_fpo.py --num-minibatches``)"""
     num_updates: int = 10
     """measured iterations (after one warm-up iteration)"""
     torch_threads: int = 0
@@ -95,14 +97,14 @@ def main(b: BenchArgs) -> dict:
     args = replace(
         robot_fpo.Args(), env_id=b.env_id, num_envs=b.num_envs, num_steps=b.num_steps,
         async_envs=b.async_envs, objective=b.objective, seed=b.seed, cuda=b.cuda,
-        num_draws=b.num_draws, update_epochs=b.update_epochs,
+        num_draws=b.num_draws, update_epochs=b.update_epochs, num_minibatches=b.num_minibatches,
     )
     env_sps = env_only_sps(args, b.num_updates * b.num_steps)
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
     e2e_sps = end_to_end_sps(args, b.num_updates, device)
     out = {
         "env_id": b.env_id, "num_envs": b.num_envs, "num_steps": b.num_steps, "async_envs": b.async_envs,
-        "objective": b.objective, "num_draws": b.num_draws, "update_epochs": b.update_epochs, "device": str(device), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+        "objective": b.objective, "num_draws": b.num_draws, "update_epochs": b.update_epochs, "num_minibatches": b.num_minibatches, "device": str(device), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
         "env_only_sps": env_sps, "end_to_end_sps": e2e_sps, "ratio": e2e_sps / env_sps,
     }
     print(json.dumps(out))

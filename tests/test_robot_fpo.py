@@ -285,3 +285,17 @@ def test_action_squash_maps_into_the_box():
     np.testing.assert_allclose(R.squash_action(x, low, high, "clip"), [[0.0, 1.0], [-1.0, 0.0]])
     with pytest.raises(ValueError, match="action_squash"):
         R.squash_action(x, low, high, "sigmoid")
+
+
+def test_action_bound_clamps_stored_actions(tmp_path):
+    args = tiny_args(tmp_path, action_bound=0.2)
+    torch.manual_seed(0)
+    state = R.build_state(args, torch.device("cpu"))
+    R.reset_envs(state, args.seed)
+    x = R.collect_rollout(state, args)["x"]
+    state.envs.close()
+    # Euler samples start from N(0, I): most exceed 0.2 in magnitude and must sit on the bound.
+    assert x.abs().max().item() == pytest.approx(0.2)
+    assert (x.abs() >= 0.2 - 1e-6).float().mean().item() > 0.5
+    with pytest.raises(ValueError, match="action_bound"):
+        R.validate_args(replace(args, action_bound=float("nan")))
