@@ -277,8 +277,6 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
     if bad:
         raise ValueError(f"--rungs {bad} must fall on evaluation and checkpoint updates (multiples of "
                          f"--train.eval-every {args.eval_every} and --train.checkpoint-every {every})")
-    if args.anneal_lr:
-        raise ValueError("--train.anneal-lr ties the learning rate to the run length; arms paused at rungs need it off")
     if args.alpha_early is not None or args.alpha_late is not None:
         raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; tournament candidates are fixed exponents")
     return alphas, seeds, upd, per, args
@@ -291,8 +289,10 @@ def _arm_args(trainer: str, base, alpha: float, seed: int, until: int, budget: i
         return replace(base, weighting="fixed", target=None, alpha=float(alpha), seed=int(seed), early_stop=False,
                        num_updates=int(budget), until=int(until), resume=resume, run_name=name, runs_dir=str(arms_dir))
     exponent = {"alpha_eps": float(alpha)} if base.objective == "fpo" else {"alpha": float(alpha)}
+    # total_timesteps is the full budget, so an annealed learning rate follows the same schedule
+    # whether the arm runs straight through or is paused at rungs (robot_fpo anneals over it).
     return replace(base, **exponent, seed=int(seed), num_updates=int(until), resume=resume, run_name=name,
-                   run_dir=str(arms_dir))
+                   run_dir=str(arms_dir), total_timesteps=int(budget) * base.num_envs * base.num_steps)
 
 
 def _read_jsonl(path: Path) -> List[Dict[str, Any]]:
