@@ -576,6 +576,17 @@ class Args:
     precision: str = "fp32"
     """`fp32` (app:cifar, strict FP32 matmuls), `tf32` (TF32 matmuls and convolutions), or `bf16`
     (bf16 autocast for the network only). Log-ratios, clipping, advantages and Adam stay FP32."""
+    compile: bool = False
+    """Fast path: `torch.compile` the network and, on CUDA, replay the whole Euler sampler as one CUDA
+    graph per batch size (rollouts and validation), with cuDNN autotuning and a fused Adam step. The
+    numerics are those of `--precision`; `--precision bf16 --compile` is the fast mode of
+    benchmarks/README.md. The first updates pay a one-off compilation (about two minutes for the
+    paper's U-Net; cached on disk for later runs)."""
+    reuse_old_losses: Optional[bool] = None
+    """Take the old losses l_old from the current model's forward pass (detached) instead of a second
+    forward pass of the frozen copy. With one gradient step per rollout (alg:cifar) theta_old = theta
+    when both are computed, so the values are the same and 4n forward passes per update are saved.
+    Default: on with `--compile`, off otherwise (Algorithm 1 exactly as written)."""
 
     # --- model and reward --------------------------------------------------------------------
     model: str = DEFAULT_MODEL
@@ -742,6 +753,8 @@ def resolve_args(args: Args) -> Args:
         raise ValueError(f"--clip-ratio {args.clip_ratio} must be in (0, 1)")
     if args.weighting == "schedule" and args.k1 < args.k0:
         raise ValueError(f"--k1 {args.k1} must be >= --k0 {args.k0}")
+    if args.reuse_old_losses is None:
+        args = replace(args, reuse_old_losses=args.compile)
     if args.run_name is None:
         args = replace(args, run_name=f"{args.reward}__{args.weighting}__{args.seed}")
     return args
@@ -781,6 +794,65 @@ def autocast_ctx(dtype, device):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+class GraphSampler:
+    """`sample_images` for a fixed network, captured once per batch size as a CUDA graph and replayed.
+
+    All 20 Euler steps become one graph launch, so a small batch no longer waits on the CPU to launch
+    hundreds of kernels per step. The graph reads the network's parameters in place and therefore
+    follows every optimiser step (parameters must keep their storage: `load_state_dict` and in-place
+    optimisers do). Sampling runs in evaluation mode; outputs are copied out of the graph's buffers.
+    `fwd` is the module to call (e.g. the compiled network), `net` the module whose mode is switched.
+    """
+
+    def __init__(self, fwd, net: nn.Module, steps: int, convention: str, autocast=None, warmup: int = 2):
+        self.fwd, self.net, self.steps, self.convention, self.autocast = fwd, net, steps, convention, autocast
+        self.warmup = warmup
+        self.graphs: Dict[Tuple[int, ...], Tuple[Any, torch.Tensor, torch.Tensor]] = {}
+
+    def _capture(self, latents: torch.Tensor):
+        static_in = latents.clone()
+        side = torch.cuda.Stream(latents.device)
+        side.wait_stream(torch.cuda.current_stream(latents.device))
+        with torch.cuda.stream(side):  # warm-up (compiles) outside the capture
+            for _ in range(self.warmup):
+                sample_images(self.fwd, static_in, self.steps, self.convention, self.autocast)
+        torch.cuda.current_stream(latents.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = sample_images(self.fwd, static_in, self.steps, self.convention, self.autocast)
+        return graph, static_in, static_out
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor) -> torch.Tensor:
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            key = tuple(latents.shape)
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(latents)
+            graph, static_in, static_out = self.graphs[key]
+            static_in.copy_(latents)
+            graph.replay()
+            return static_out.clone()
+        finally:
+            self.net.train(was_training)
+
+
+def eval_sampler(fwd, net: nn.Module, steps: int, convention: str, autocast=None):
+    """A plain `sample_images` closure that samples in evaluation mode (CPU or uncaptured CUDA)."""
+
+    @torch.no_grad()
+    def sample(latents: torch.Tensor) -> torch.Tensor:
+        was_training = net.training
+        net.eval()
+        try:
+            return sample_images(fwd, latents, steps, convention, autocast)
+        finally:
+            net.train(was_training)
+
+    return sample
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
@@ -823,11 +895,21 @@ def fpo_loss(l_old: torch.Tensor, l_new: torch.Tensor, adv: torch.Tensor, multip
     return -torch.minimum(unclipped, clipped).mean(), ratio
 
 
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """Copy a CPU tensor to `device`; to CUDA through pinned memory without blocking the host, so the
+    host keeps queueing work while the GPU is still busy (the values are identical)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
 def draw_times_and_noise(plan, n: int, m: int, gen: torch.Generator, shape, device):
-    """M auxiliary (t, eps) pairs per endpoint: t from the plan's bin law, eps ~ N(0, I)."""
+    """M auxiliary (t, eps) pairs per endpoint: t from the plan's bin law, eps ~ N(0, I).
+    Drawn on the CPU, so a run's draws do not depend on the device."""
     t = sample_bin_times(plan.q, n * m, generator=gen).view(n, m).float()
     eps = torch.randn((n, m, *shape), generator=gen)
-    return t.to(device), eps.to(device)
+    return to_device(t, device), to_device(eps, device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -905,6 +987,8 @@ class Run:
     reward_fn: Any
     convention: str
     autocast: Any
+    fwd: Any  # the network as called in the hot path (the compiled module with --compile)
+    sampler: Any  # latents -> images with the current parameters, evaluation mode
     bank_losses: np.ndarray  # (N, B) frozen calibration bank, eq:calibration
     q_ref: np.ndarray  # q_x0, the scale anchor
     c_x0: float
@@ -937,6 +1021,12 @@ def set_precision(precision: str):
     return torch.bfloat16 if precision == "bf16" else None
 
 
+def set_fast_kernels(on: bool):
+    """With --compile: let cuDNN time its convolution algorithms once per shape and keep the fastest
+    (shapes are fixed in a run, so this pays off after the first call)."""
+    torch.backends.cudnn.benchmark = bool(on)
+
+
 @torch.no_grad()
 def build_calibration_bank(net, args: Args, device, convention, autocast=None) -> np.ndarray:
     """The frozen coupled bank L_ib of eq:calibration at the initial model.
@@ -954,7 +1044,10 @@ def build_calibration_bank(net, args: Args, device, convention, autocast=None) -
         eps = torch.randn((c, 1, *shape), generator=gen).to(device).expand(c, args.bins, *shape)
         offset = torch.rand((c, 1), generator=gen)
         t = ((torch.arange(args.bins).view(1, -1) + offset) / args.bins).float().to(device)
-        out.append(velocity_losses(net, x, t, eps.contiguous(), convention, autocast).double().cpu())
+        eps = eps.contiguous()
+        for j in range(0, c, 32):  # 32 endpoints x B bins per forward keeps the memory modest
+            out.append(velocity_losses(net, x[j:j + 32], t[j:j + 32], eps[j:j + 32], convention,
+                                       autocast).double().cpu())
     return torch.cat(out).numpy()
 
 
@@ -964,6 +1057,7 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
     args = resolve_args(args)
     device = pick_device(args.device)
     autocast = set_precision(args.precision)
+    set_fast_kernels(args.compile)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed % (2**32))
     random.seed(args.seed)
@@ -975,8 +1069,14 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
         raise ValueError(f"--convention {convention!r} is not one of {', '.join(CONVENTIONS)}")
     old_net = copy.deepcopy(net).eval().requires_grad_(False)
     net.train()
+    fused = bool(args.compile and device.type == "cuda")  # one kernel for the whole Adam step
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, betas=tuple(args.adam_betas),
-                                 eps=args.adam_eps, weight_decay=0.0)  # app:cifar
+                                 eps=args.adam_eps, weight_decay=0.0, fused=fused or None)  # app:cifar
+    fwd = torch.compile(net, dynamic=False) if args.compile else net
+    if args.compile and device.type == "cuda":
+        sampler = GraphSampler(fwd, net, args.sample_steps, convention, autocast)
+    else:
+        sampler = eval_sampler(fwd, net, args.sample_steps, convention, autocast)
     reward_fn = make_reward(args.reward, device=device, classifier_path=args.classifier_path,
                             simclr_path=args.simclr_path, clip_model=args.clip_model,
                             clip_pretrained=args.clip_pretrained)
@@ -998,7 +1098,7 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
     c_x0 = float(calibration_S(bank, q_ref))
 
     run = Run(args=args, device=device, net=net, old_net=old_net, optimizer=optimizer, reward_fn=reward_fn,
-              convention=convention, autocast=autocast, bank_losses=bank, q_ref=q_ref, c_x0=c_x0,
+              convention=convention, autocast=autocast, fwd=fwd, sampler=sampler, bank_losses=bank, q_ref=q_ref, c_x0=c_x0,
               profile=np.ones(args.bins), weighting_state={}, val_latents=val_latents, history=[], folder=folder)
     if ckpt is not None:
         restore_checkpoint(run, ckpt)
@@ -1006,6 +1106,8 @@ def setup(args: Args, folder: Optional[Path] = None) -> Run:
             run.status = ckpt["status"]
     else:
         init_weighting(run)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # hand the set-up's large temporary batches back (concurrent runs share a GPU)
     return run
 
 
@@ -1063,15 +1165,21 @@ def train_step(run: Run) -> Dict[str, Any]:
     """One outer update of Algorithm 1 (alg:cifar). Returns the update's metrics."""
     args, net, device, k = run.args, run.net, run.device, run.k
     t0 = time.perf_counter()
-    # 2: theta_old <- sg(theta): a frozen evaluation-mode copy
-    run.old_net.load_state_dict(net.state_dict())
+    # 2: theta_old <- sg(theta): a frozen evaluation-mode copy. With --reuse-old-losses the copy is
+    # never needed: nothing changes theta between here and the old losses, so theta_old = theta.
+    reuse = bool(args.reuse_old_losses)
+    if not reuse:
+        run.old_net.load_state_dict(net.state_dict())
     # 3: weighting at update k
     refresh_weighting(run, k)
     plan = estimator_plan(run.profile, args.estimator, bank_losses=run.bank_losses, q_ref=run.q_ref, g=args.g)
     # 4: rollouts from the old policy, rewards, group advantages (all detached)
     gen = make_generator(args.seed, "rollout", k)
-    latents = torch.randn((args.batch_size, 3, 32, 32), generator=gen).to(device)
-    x = sample_images(run.old_net, latents, args.sample_steps, run.convention, run.autocast)
+    latents = to_device(torch.randn((args.batch_size, 3, 32, 32), generator=gen), device)
+    if reuse:
+        x = run.sampler(latents)
+    else:
+        x = sample_images(run.old_net, latents, args.sample_steps, run.convention, run.autocast)
     with torch.no_grad():
         rewards = run.reward_fn(x).float()
     adv = group_advantages(rewards, args.group_size, args.adv_eps)
@@ -1079,34 +1187,43 @@ def train_step(run: Run) -> Dict[str, Any]:
     dgen = make_generator(args.seed, "draws", k)
     t, eps = draw_times_and_noise(plan, args.batch_size, args.mc_draws, dgen, (3, 32, 32), device)
     mult = draw_multipliers(plan, t).float()  # a_k, or a_k w(t) for the explicit estimator
-    with torch.no_grad():
-        l_old = velocity_losses(run.old_net, x, t, eps, run.convention, run.autocast)
+    if not reuse:
+        with torch.no_grad():
+            l_old = velocity_losses(run.old_net, x, t, eps, run.convention, run.autocast)
     # 6-7: current losses on the same endpoints, times and noises; D_i, r_i, clipped objective
-    l_new = velocity_losses(net, x, t, eps, run.convention, run.autocast)
+    l_new = velocity_losses(run.fwd, x, t, eps, run.convention, run.autocast)
+    if reuse:
+        l_old = l_new.detach()
     loss, ratio = fpo_loss(l_old, l_new, adv, mult, args.clip_ratio, args.log_ratio_clip)
-    metrics = {
-        "update": k,
-        "train_reward_mean": float(rewards.mean()),
-        "train_reward_std": float(rewards.std()),
-        "loss": float(loss.detach()),
-        "ratio_mean": float(ratio.detach().mean()),
-        "ratio_max_dev": float((ratio.detach() - 1).abs().max()),
-        "clip_frac": float(((ratio.detach() - 1).abs() > args.clip_ratio).float().mean()),
-        "velocity_loss": float(l_new.detach().mean()),
-        "alpha": current_alpha(args, k),
-        "a_k": float(plan.scale),
-        "q": [round(float(v), 6) for v in plan.q],
-    }
-    if not (torch.isfinite(loss) and torch.isfinite(rewards).all()):
-        metrics["grad_norm"] = float("nan")
-        return metrics
-    # 8: one gradient-clipped Adam step
+    # 8: backward and the gradient-norm clip are queued before any value is read back, so the GPU
+    # never waits for the host; a non-finite loss or gradient skips the Adam step below.
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
-    metrics["grad_norm"] = float(grad_norm)
-    if not torch.isfinite(grad_norm):
+    r = ratio.detach()
+    values = torch.stack([rewards.mean(), rewards.std(), loss.detach(), r.mean(), (r - 1).abs().max(),
+                          ((r - 1).abs() > args.clip_ratio).float().mean(), l_new.detach().mean(),
+                          torch.isfinite(rewards).all().float(), grad_norm.float()]).tolist()  # one host sync
+    metrics = {
+        "update": k,
+        "train_reward_mean": values[0],
+        "train_reward_std": values[1],
+        "loss": values[2],
+        "ratio_mean": values[3],
+        "ratio_max_dev": values[4],
+        "clip_frac": values[5],
+        "velocity_loss": values[6],
+        "alpha": current_alpha(args, k),
+        "a_k": float(plan.scale),
+        "q": [round(float(v), 6) for v in plan.q],
+        "grad_norm": values[8],
+    }
+    if not (math.isfinite(values[2]) and values[7] == 1.0):
+        metrics["grad_norm"] = float("nan")
         return metrics
+    if not math.isfinite(values[8]):
+        return metrics
+    # one gradient-clipped Adam step
     run.optimizer.step()
     metrics.update(after_update_weighting(run, k))
     metrics["time_s"] = time.perf_counter() - t0
@@ -1114,16 +1231,16 @@ def train_step(run: Run) -> Dict[str, Any]:
 
 
 @torch.no_grad()
-def validate(run: Run, chunk: int = 128) -> Tuple[float, torch.Tensor]:
-    """Mean reward of the current model over the fixed validation latent banks (app:cifar)."""
-    run.net.eval()
+def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor]:
+    """Mean reward of the current model over the fixed validation latent banks (app:cifar).
+    Images are generated `chunk` at a time (default 128; all banks at once with --compile)."""
+    chunk = chunk or (run.val_latents.shape[0] if run.args.compile else 128)
     images, rewards = [], []
     for s in range(0, run.val_latents.shape[0], chunk):
-        x = sample_images(run.net, run.val_latents[s:s + chunk], run.args.sample_steps, run.convention, run.autocast)
+        x = run.sampler(run.val_latents[s:s + chunk])
         rewards.append(run.reward_fn(x).float().cpu())
         if not images:
             images.append(x[:64].cpu())
-    run.net.train()
     return float(torch.cat(rewards).mean()), images[0]
 
 
@@ -1290,7 +1407,7 @@ def train(run: Run, until: Optional[int] = None) -> Dict[str, Any]:
             break
         metrics = train_step(run)
         finite = all(math.isfinite(metrics[key]) for key in ("loss", "train_reward_mean", "grad_norm"))
-        log.write({"kind": "update", **metrics})
+        log.write({"kind": "update", **metrics, "unix_time": time.time()})
         if not finite:
             # the paper records such runs as events: keep the last good checkpoint, do not save this state
             run.status, run.stop_reason = "nonfinite", f"non-finite loss/reward/gradient at update {k}"

@@ -1,26 +1,39 @@
 """Time one paper-configuration CIFAR update of Algorithm 1 (alg:cifar) on whatever device is present.
 
-One update = 64 samples x 20 Euler steps with the frozen copy, old and current velocity losses on
-4 draws per sample, one backward pass and one Adam step; the validation (4 banks x 128 images x 20
-steps every 20 updates, app:cifar) is timed separately and amortised over 20 updates.
+One update = 64 samples x 20 Euler steps, old and current velocity losses on 4 draws per sample, one
+backward pass and one Adam step; the validation (4 banks x 128 images x 20 steps every 20 updates,
+app:cifar) is timed separately and amortised over 20 updates. Every mode runs the same code path,
+`cifar_fpo.train_step` and `cifar_fpo.validate`.
+
+Modes: `fp32`, `tf32`, `bf16` (eager, `--precision`), and `tf32+compile`, `bf16+compile` (the fast
+path: `--compile`, which also reuses the current forward for the old losses). `peer-<precision>` is
+the naive baseline: diffusers' own `UNet2DModel` run eagerly through Algorithm 1 as written (frozen
+copy, separate old-loss forward, 128-image validation chunks); it needs diffusers installed. Each
+mode's "vs peer" column is the peer's ms/update at the same precision (bf16 for the compiled modes
+when measured, else the fastest peer) divided by the mode's.
 
 The network is the paper's U-Net layout (google/ddpm-cifar10-32 style, 35.7M parameters) with random
 weights, so no download is needed; speed does not depend on the weights.
 
-    python benchmarks/bench_cifar_update.py                       # all precisions
-    python benchmarks/bench_cifar_update.py --precisions fp32 --updates 5
+    python benchmarks/bench_cifar_update.py                                  # eager modes
+    python benchmarks/bench_cifar_update.py --modes peer-tf32 tf32 bf16+compile --breakdown
+    python benchmarks/bench_cifar_update.py --modes fp32 --updates 5 --device cpu
 
-Prints ms/update (with amortised validation), achieved TFLOP/s and the device.
+Prints ms/update (with amortised validation), achieved TFLOP/s (forward-equivalents actually
+computed: 3 per backward image, 4n fewer forwards when the old losses are reused), the share of
+the card's dense bf16 peak, and the device. `--json PATH` also writes the rows.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import tyro
@@ -49,13 +62,20 @@ PAPER_UNET = {
     "time_embedding_type": "positional",
 }
 
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
+DENSE_BF16_PEAK = {"H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5,
+                   "H200": 989.4, "A100": 312.0}
+MODES = ("fp32", "tf32", "bf16", "tf32+compile", "bf16+compile", "peer-fp32", "peer-tf32", "peer-bf16")
+
 
 @dataclass
 class Args:
-    precisions: Tuple[str, ...] = ("fp32", "tf32", "bf16")
-    """Precision modes to time (see cifar_fpo.Args.precision)."""
+    modes: Tuple[str, ...] = ("fp32", "tf32", "bf16")
+    """Modes to time, in order: fp32, tf32, bf16, tf32+compile, bf16+compile, peer-fp32, peer-tf32, peer-bf16."""
     updates: int = 10
-    """Timed updates per mode (after 2 warm-up updates)."""
+    """Timed updates per mode (after `warmup` updates)."""
+    warmup: int = 3
+    """Untimed updates first (the compiled modes compile and capture here)."""
     reward: str = "red-patch"
     """Reward used in the timed updates (pixel-only by default, so no reward weights are needed)."""
     device: str = "auto"
@@ -64,6 +84,22 @@ class Args:
     """Samples per update (app:cifar)."""
     sample_steps: int = 20
     """Euler steps (app:cifar)."""
+    breakdown: bool = False
+    """Also time the parts on their own: rollout sampling, loss forward+backward, Adam step."""
+    json: Optional[str] = None
+    """Write the table rows (and the device) to this JSON file."""
+
+
+class DiffusersNet(torch.nn.Module):
+    """diffusers' UNet2DModel behind the `net(x, timestep) -> tensor` call of cifar_fpo."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config = dict(model.config)
+
+    def forward(self, x, timestep):
+        return self.model(x, timestep).sample
 
 
 def forward_gflop(net, device) -> float:
@@ -82,9 +118,98 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def make_run(mode: str, folder: str, args: Args, device):
+    """A cifar_fpo Run for one mode; peer modes swap in diffusers' UNet2DModel, eager, as written."""
+    peer = mode.startswith("peer-")
+    precision = mode.split("+")[0].replace("peer-", "")
+    compiled = mode.endswith("+compile")
+    run = cifar_fpo.setup(cifar_fpo.Args(model=folder, reward=args.reward, device=str(device), precision=precision,
+                                         compile=compiled, batch_size=args.batch_size, sample_steps=args.sample_steps,
+                                         calib_bank_size=64, verbose=False, save_samples=False))
+    if peer:
+        from diffusers import UNet2DModel
+
+        net = DiffusersNet(UNet2DModel.from_pretrained(folder).to(device)).train()
+        run.net, run.fwd = net, net
+        run.old_net = copy.deepcopy(net).eval().requires_grad_(False)
+        run.sampler = cifar_fpo.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast)
+        run.optimizer = torch.optim.Adam(net.parameters(), lr=run.args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
+    return run
+
+
+def time_breakdown(run, args: Args, device, reps: int = 5):
+    """ms of: one rollout sampling call, one loss forward+backward, one Adam step."""
+    n, m = args.batch_size, run.args.mc_draws
+    lat = torch.randn(n, 3, 32, 32, device=device)
+    x = run.sampler(lat)
+    t = torch.rand(n, m, device=device)
+    eps = torch.randn(n, m, 3, 32, 32, device=device)
+
+    def timed(fn):
+        fn()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync(device)
+        return (time.perf_counter() - t0) / reps * 1e3
+
+    def loss_step():
+        run.optimizer.zero_grad(set_to_none=True)
+        cifar_fpo.velocity_losses(run.fwd, x, t, eps, run.convention, run.autocast).mean().backward()
+
+    sample_ms = timed(lambda: run.sampler(lat))
+    loss_ms = timed(loss_step)
+    adam_ms = timed(run.optimizer.step)
+    return sample_ms, loss_ms, adam_ms
+
+
+def time_mode(mode: str, folder: str, args: Args, device, gflop: float):
+    """Set up one mode, warm it up, and time updates and one validation."""
+    n, s = args.batch_size, args.sample_steps
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
+    t_setup = time.perf_counter()
+    run = make_run(mode, folder, args, device)
+    reuse = bool(run.args.reuse_old_losses)
+    # forward-equivalents actually computed per update: sampling n*S, old losses 4n (unless
+    # reused), current losses forward+backward 3*4n, validation 512*S every 20 updates
+    fwd_equiv = n * s + (0 if reuse else 4 * n) + 3 * 4 * n + 512 * s / 20
+    for _ in range(args.warmup):
+        cifar_fpo.train_step(run)
+        run.k += 1
+    cifar_fpo.validate(run)
+    sync(device)
+    warm_s = time.perf_counter() - t_setup
+    t0 = time.perf_counter()
+    for _ in range(args.updates):
+        cifar_fpo.train_step(run)
+        run.k += 1
+    sync(device)
+    step_ms = (time.perf_counter() - t0) / args.updates * 1e3
+    t0 = time.perf_counter()
+    cifar_fpo.validate(run)
+    sync(device)
+    val_ms = (time.perf_counter() - t0) * 1e3
+    total = step_ms + val_ms / 20
+    tflops = fwd_equiv * gflop * 1e9 / (total / 1e3) / 1e12
+    row = {"mode": mode, "update_ms": step_ms, "validation_ms": val_ms, "ms_per_update": total,
+           "tflops": tflops, "peak_frac": tflops / peak if peak else None, "setup_warmup_s": warm_s}
+    if args.breakdown:
+        row["sample_ms"], row["loss_fwd_bwd_ms"], row["adam_ms"] = time_breakdown(run, args, device)
+    print(f"{mode}: {total:.1f} ms/update ({step_ms:.1f} + {val_ms:.0f}/20), setup+warm-up {warm_s:.0f} s"
+          + (f", sample {row['sample_ms']:.1f} ms, loss fwd+bwd {row['loss_fwd_bwd_ms']:.1f} ms, "
+             f"Adam {row['adam_ms']:.1f} ms" if args.breakdown else ""), flush=True)
+    return row
+
 def main(args: Args):
+    bad = [m for m in args.modes if m not in MODES]
+    if bad:
+        raise ValueError(f"--modes {bad} not in {', '.join(MODES)}")
     device = cifar_fpo.pick_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         net = cifar_fpo.UNet2D.from_config(PAPER_UNET)
@@ -92,43 +217,44 @@ def main(args: Args):
         gflop = forward_gflop(net.to(device), device)
         params = sum(p.numel() for p in net.parameters())
         del net
-        # forward-equivalents per update: sampling n*S, old losses 4n, current fwd+bwd 3*4n,
-        # validation 512*S every 20 updates
         n, s = args.batch_size, args.sample_steps
-        fwd_equiv = n * s + 4 * n + 3 * 4 * n + 512 * s / 20
-        rows = []
-        for precision in args.precisions:
-            run = cifar_fpo.setup(cifar_fpo.Args(model=tmp, reward=args.reward, device=str(device),
-                                                 precision=precision, batch_size=n, sample_steps=s,
-                                                 calib_bank_size=64, verbose=False, save_samples=False))
-            for _ in range(2):
-                cifar_fpo.train_step(run)
-                run.k += 1
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(args.updates):
-                cifar_fpo.train_step(run)
-                run.k += 1
-            sync(device)
-            step_ms = (time.perf_counter() - t0) / args.updates * 1e3
-            cifar_fpo.validate(run)
-            sync(device)
-            t0 = time.perf_counter()
-            cifar_fpo.validate(run)
-            sync(device)
-            val_ms = (time.perf_counter() - t0) * 1e3
-            total = step_ms + val_ms / 20
-            tflops = fwd_equiv * gflop * 1e9 / (total / 1e3) / 1e12
-            rows.append((precision, step_ms, val_ms, total, tflops))
-            del run
+        for mode in args.modes:
+            if mode.startswith("peer-"):
+                try:
+                    import diffusers  # noqa: F401
+                except ImportError:
+                    print(f"skip {mode}: diffusers is not installed", flush=True)
+                    continue
+            try:
+                rows.append(time_mode(mode, tmp, args, device, gflop))
+            except Exception as err:  # report and go on with the other modes
+                print(f"FAILED {mode}: {type(err).__name__}: {err}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    peers = {r["mode"][5:]: r["ms_per_update"] for r in rows if r["mode"].startswith("peer-")}
+    for r in rows:
+        prec = r["mode"].replace("peer-", "").split("+")[0]
+        ref = peers.get("bf16" if r["mode"].endswith("+compile") and "bf16" in peers else prec)
+        ref = ref if ref is not None else (min(peers.values()) if peers else None)
+        r["vs_peer"] = ref / r["ms_per_update"] if ref else None
     print(f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd")
     print(f"update: batch {n} x {s} Euler steps, 4 draws, Adam; validation 512 x {s} steps every 20 updates")
-    print(f"{'precision':>9} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | {'TFLOP/s':>7}")
-    for p, a, v, t, f in rows:
-        print(f"{p:>9} | {a:9.1f} | {v:13.1f} | {t:21.1f} | {f:7.1f}")
+    print(f"{'mode':>13} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
+          f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | {'vs peer':>7}")
+    for r in rows:
+        frac = f"{100 * r['peak_frac']:.1f}" if r["peak_frac"] is not None else "-"
+        vs = f"{r['vs_peer']:.2f}x" if r["vs_peer"] else "-"
+        print(f"{r['mode']:>13} | {r['update_ms']:9.1f} | {r['validation_ms']:13.1f} | {r['ms_per_update']:21.1f} | "
+              f"{r['tflops']:7.1f} | {frac:>11} | {vs:>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "gflop": gflop,
+                                               "params": params, "rows": rows}, indent=2))
+    return rows
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

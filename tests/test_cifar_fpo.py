@@ -65,7 +65,7 @@ def read_jsonl(path):
 
 
 def strip_times(records):
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "unix_time")} for r in records]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,3 +310,87 @@ def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_p
     ckpt = torch.load(folder / "checkpoints" / "last.pt", weights_only=False)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     assert ckpt["k"] <= summary["updates_done"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the fast path: reused old losses and bf16 against the FP32 reference
+# ------------------------------------------------------------------------------------------------
+def _tiny_args(tiny_model, **kw):
+    return cifar_fpo.Args(model=str(tiny_model), preset="quick", reward="red-patch", device="cpu", batch_size=4,
+                          group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1,
+                          val_bank_size=4, learning_rate=1e-3, verbose=False, **kw)
+
+
+def test_reused_old_losses_give_the_same_update(tiny_model):
+    # theta_old = theta when the old losses are computed, so taking them from the current forward
+    # (detached) must reproduce Algorithm 1 as written: same metrics, same parameters afterwards
+    runs = [cifar_fpo.setup(_tiny_args(tiny_model, reuse_old_losses=flag)) for flag in (False, True)]
+    assert runs[0].args.reuse_old_losses is False and runs[1].args.reuse_old_losses is True
+    for _ in range(2):
+        ms = [cifar_fpo.train_step(r) for r in runs]
+        for r in runs:
+            r.k += 1
+        for key in ("train_reward_mean", "loss", "ratio_mean", "ratio_max_dev", "velocity_loss", "grad_norm"):
+            assert ms[1][key] == pytest.approx(ms[0][key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(runs[0].net.parameters(), runs[1].net.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # the default follows --compile
+    assert cifar_fpo.resolve_args(cifar_fpo.Args(compile=True)).reuse_old_losses is True
+    assert cifar_fpo.resolve_args(cifar_fpo.Args()).reuse_old_losses is False
+
+
+# Stated tolerances of the bf16 fast mode against FP32 on the same inputs (benchmarks/README.md).
+BF16_LOSS_RTOL = 5e-3  # per-draw velocity losses l_v, relative (measured ~3e-4)
+BF16_RATIO_ATOL = 2e-3  # ratios r_i = exp(D_i), absolute (measured ~4e-4)
+BF16_GRAD_COSINE = 0.995  # cosine (measured ~0.9997) between the bf16 and FP32 gradients of the clipped objective
+
+
+def test_bf16_fast_mode_matches_fp32_on_the_same_inputs(tiny_model):
+    torch.manual_seed(1)
+    net = cifar_fpo.load_unet(tiny_model)
+    old = cifar_fpo.load_unet(tiny_model)
+    with torch.no_grad():  # a current model one small step away from the old one: ratios != 1
+        for p in net.parameters():
+            p.add_(0.15 * p.abs().mean() * torch.randn_like(p))
+    n, m = 8, 2
+    x = torch.rand(n, 3, 32, 32) * 2 - 1
+    t = torch.rand(n, m)
+    eps = torch.randn(n, m, 3, 32, 32)
+    adv = cifar_fpo.group_advantages(torch.randn(n), group_size=4)
+
+    def evaluate(autocast):
+        net.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            l_old = cifar_fpo.velocity_losses(old, x, t, eps, "sigma", autocast)
+        l_new = cifar_fpo.velocity_losses(net, x, t, eps, "sigma", autocast)
+        loss, ratio = cifar_fpo.fpo_loss(l_old, l_new, adv, 1.0, clip_ratio=0.08)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in net.parameters()])
+        return l_new.detach(), ratio.detach(), loss.detach(), grad
+
+    l32, r32, loss32, g32 = evaluate(None)
+    l16, r16, loss16, g16 = evaluate(torch.bfloat16)
+    assert l16.dtype == torch.float32 and r16.dtype == torch.float32  # the objective itself stays FP32
+    assert (r32 - 1).abs().max() > 4 * BF16_RATIO_ATOL  # not vacuous: a ratio stuck at one would fail
+    torch.testing.assert_close(l16, l32, rtol=BF16_LOSS_RTOL, atol=0)
+    torch.testing.assert_close(r16, r32, rtol=0, atol=BF16_RATIO_ATOL)
+    assert abs(float(loss16 - loss32)) <= BF16_RATIO_ATOL * float(adv.abs().mean())
+    cosine = float(torch.nn.functional.cosine_similarity(g16, g32, dim=0))
+    assert cosine >= BF16_GRAD_COSINE
+    # and the tolerances are tight enough to catch a real numerical error, e.g. a wrong cast
+    assert not torch.allclose(l32 * 1.05, l32, rtol=BF16_LOSS_RTOL, atol=0)
+
+
+def test_cuda_graph_sampler_replays_the_euler_loop():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (the fast path's sampler); CPU runs use the plain sampler")
+    torch.manual_seed(0)
+    net = cifar_fpo.UNet2D.from_config(TINY_UNET).cuda()
+    sampler = cifar_fpo.GraphSampler(net, net, steps=3, convention="sigma")
+    for _ in range(2):
+        lat = torch.randn(4, 3, 32, 32, device="cuda")
+        torch.testing.assert_close(sampler(lat), cifar_fpo.sample_images(net, lat, 3, "sigma"))
+    with torch.no_grad():  # the graph reads the parameters in place
+        for p in net.parameters():
+            p.mul_(0.5)
+    torch.testing.assert_close(sampler(lat), cifar_fpo.sample_images(net, lat, 3, "sigma"))

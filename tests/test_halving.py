@@ -41,7 +41,7 @@ def read_jsonl(path):
 
 
 def strip_times(records):
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "unix_time")} for r in records]
 
 
 # ------------------------------------------------------------------------------------------------
