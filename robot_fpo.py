@@ -24,8 +24,8 @@ the exponential changes the objective.
 
 Conventions: ``t = 0`` is noise and ``t = 1`` is the action; ``x_t = (1 - t) eps + t x``,
 velocity target ``u = x - eps``. By default the environment receives ``tanh(x)`` rescaled to
-the action bounds and the unsquashed ``x`` is stored for the flow losses (FPO reference);
-``--action-squash clip`` instead clips ``x`` to [-1, 1] and stores the clipped action.
+the action bounds and the unsquashed ``x`` (clamped to ``--action-bound``) is stored for the
+flow losses (FPO reference); ``--action-squash clip`` sends ``x`` clipped to [-1, 1] instead.
 
 Scales. The FPO reference setting (MuJoCo Playground: 2048 environments, 983,040-step
 "blocks", 60M steps) and the FPO++ one (Isaac Lab) do not fit gymnasium's CPU simulators.
@@ -36,9 +36,10 @@ environment steps; it is used only to index alpha schedules (app:schedules).
 Defaults versus the reference codes (gymnasium-scale choices are marked *):
 FPO reference values kept: 8 draws per action stored with the old losses at rollout time,
 losses averaged over draws before ``exp`` with no clamp, PPO clip 0.05, 10 Euler steps from
-N(0, I), ``tanh`` actions, Adam lr 3e-4, running observation normalisation, velocity output
-scaled by 0.25, SiLU flow MLP. Changed: * 64 environments x 64 steps, 16 minibatches x 4 epochs
-(reference: 2048 x 30, 32 x 16) with the learning rate annealed over the run; * the sampled
+N(0, I), ``tanh`` actions, running observation normalisation, velocity output scaled by 0.25,
+SiLU flow MLP. Changed: * 64 environments x 64 steps, 16 minibatches x 4 epochs (reference:
+2048 x 30, 32 x 16); * Adam lr 6e-4 (reference: 3e-4, which moved the policy too little per
+update at this batch size) annealed over the run; * the sampled
 pre-tanh action clamped to [-3, 3] before it is stored (``--action-bound``); * gamma 0.99
 and reward scaling by the running return std (reference: 0.995 and x10); * gradient clip 0.5;
 * flow MLP 3 x 64, critic 2 x 64 tanh (reference: 4 x 32, 5 x 256). FPO++ shares these defaults; its reference values (16 draws,
@@ -52,10 +53,15 @@ while the stored pre-tanh actions drifted to |x| ~ 25 (tanh saturates, so nothin
 back, and the flow losses of such actions are huge). The defaults keep the objectives exactly as
 written and stabilise the surrounding machinery: the stored action is clamped to [-3, 3] (the
 environment action box is still reachable, tanh(3) = 0.995), the batch is 4x larger, and the
-learning rate is annealed. With these defaults FPO (alpha_eps = 1 and 0.5) stays finite to
-1M steps on both tasks, but learns far less than Gaussian PPO does in 1M steps; see
-``benchmarks/robot_results/README.md``. InvertedPendulum-v5 is solved faster with the smaller
-batch (``benchmarks/learn_inverted_pendulum.sh`` passes the earlier settings explicitly).
+learning rate is annealed. At lr 3e-4 FPO stayed finite to 1M steps on both tasks but barely
+learned (HalfCheetah peak 284); at lr 6e-4 HalfCheetah-v5 (alpha_eps = 1) reaches ~2300 at 1M
+steps, above Gaussian PPO's 1442, while Walker2d-v5 peaks at 259 / 390 (alpha_eps 1 / 0.5; 472 / 453 at 3e-4). Larger learning rates
+(1e-3, 2e-3, with 2 epochs) learn even faster in 250k-step runs, but over 1M-step schedules
+the policy drifted onto the action bound and single updates ran away (ratio ~1e22): all four
+1M-step runs at 2e-3 went non-finite. ``--target-kl`` (early stopping) and ``--anneal-steps`` (a shorter lr decay) are
+available for such settings. Results and every trial: ``benchmarks/robot_results/README.md``.
+InvertedPendulum-v5 is solved faster with the smaller batch
+(``benchmarks/learn_inverted_pendulum.sh`` passes its settings explicitly).
 
 Run folder ``runs/<run_name>/``: ``args.json``, ``metrics.jsonl`` (one row per update: SPS,
 episodic returns, losses, ratio statistics, clip fraction, current alpha, and evaluation
@@ -143,12 +149,18 @@ class Args:
     """total environment steps of the run"""
     num_updates: int = 0
     """stop after this many updates in total (0: ``total_timesteps // batch size``)"""
-    learning_rate: float = 3e-4
-    """Adam learning rate (FPO reference value)"""
+    learning_rate: float = 6e-4
+    """Adam learning rate (FPO reference: 3e-4 with far larger batches). At 1M steps, 6e-4
+    reached 2333 on HalfCheetah-v5 (3e-4: 7, peak 284) but a lower Walker2d-v5 peak (259 vs
+    472); 1e-3 and 2e-3 learn faster early but collapsed or went non-finite over 1M-step
+    schedules. See benchmarks/robot_results/README.md"""
     anneal_lr: bool = True
     """linearly anneal the learning rate over ``total_timesteps`` to a floor of 5% (as CleanRL
     anneals); together with the larger batch and ``--action-bound`` it kept the 1M-step
     HalfCheetah/Walker2d runs finite"""
+    anneal_steps: int = 0
+    """environment steps over which ``--anneal-lr`` decays the learning rate to its floor, after
+    which it stays there (0: ``total_timesteps``)"""
     weight_decay: float = 0.0
     """decoupled weight decay (AdamW); the FPO++ reference uses 1e-4"""
     num_steps: int = 64
@@ -161,7 +173,8 @@ class Args:
     """minibatches per epoch (16 x 256 samples at the defaults; 4 minibatches barely moved the
     policy on HalfCheetah: clip fraction ~0 and much slower learning)"""
     update_epochs: int = 4
-    """epochs over each rollout"""
+    """epochs over each rollout (2 epochs halve the update's compute; at lr 2e-3 they learned as
+    fast as 4 in 250k-step HalfCheetah-v5 runs, at lr 1e-3 with 8 minibatches much slower)"""
     norm_adv: bool = True
     """normalise advantages (per minibatch for FPO, over the whole rollout for FPO++)"""
     clip_coef: float = 0.05
@@ -170,6 +183,12 @@ class Args:
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip (<= 0 disables)"""
+    target_kl: float = 0.0
+    """early stopping of the update (CleanRL's ``--target-kl``, checked before every minibatch
+    step): when a minibatch's approximate KL ``mean((r - 1) - log r)`` over its ratios exceeds
+    this, that step and the rest of the update are skipped (<= 0 disables). The objective is
+    unchanged. At 0.05 it never fired in healthy phases, but it did not prevent the slow
+    collapse of lr-1e-3 runs either (it only stops the runaway step: no non-finite losses)"""
 
     # Flow policy
     num_draws: int = 8
@@ -219,15 +238,19 @@ class Args:
     t_max: float = 0.995
     """FPO++ upper flow time (app:robotics)"""
     action_squash: Literal["clip", "tanh"] = "tanh"
-    """how the flow's action x meets the action box: ``tanh`` stores the unbounded x and sends
-    ``tanh(x)`` rescaled to the bounds (FPO reference); ``clip`` stores x clipped to [-1, 1]
-    and rescales it (bounded losses, but on HalfCheetah/Walker2d it drove the policy to
-    bang-bang actions and did not learn in 1M steps)"""
+    """how the flow's action x meets the action box: ``tanh`` sends ``tanh(x)`` rescaled to the
+    bounds (FPO reference); ``clip`` sends x clipped to [-1, 1] and rescaled (as a Gaussian PPO
+    policy's actions are clipped). Either way the stored x is only clamped to
+    ``[-action_bound, action_bound]``. ``clip`` with bound 1.5 learned much less on HalfCheetah-v5
+    (-262 vs 77 at 246k steps, lr 3e-4)"""
     action_bound: float = 3.0
-    """with ``--action-squash tanh``: clamp the sampled action x to [-b, b] before it is stored
-    and sent to the environment (<= 0 disables). tanh(3) = 0.995, so the reachable action box
-    is unchanged, but stored actions (and hence the old flow losses) stay bounded; without it
-    the pre-tanh actions drifted to |x| ~ 25 on HalfCheetah/Walker2d and exp(D) overflowed"""
+    """clamp the sampled action x to [-b, b] before it is stored and sent to the environment
+    (<= 0 disables). tanh(3) = 0.995, so the reachable action box is unchanged, but stored
+    actions (and hence the old flow losses) stay bounded; without it the pre-tanh actions
+    drifted to |x| ~ 25 on HalfCheetah/Walker2d and exp(D) overflowed. With tanh the policy can
+    drift towards the bound without any change in return: at lr 1e-3 every stored action of a
+    HalfCheetah-v5 run sat on the bound after 160k steps; a bound of 2 delayed but did not
+    remove such collapses"""
     fpopp_action_noise: float = 0.02
     """std of Gaussian noise FPO++ adds to training actions (0 disables)"""
 
@@ -355,10 +378,20 @@ class FlowActor(nn.Module):
         self.net = mlp(obs_dim + act_dim + embed_dim, hidden, layers, act_dim)
 
     def forward(self, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """obs (..., o), x_t (..., d), t (...) -> velocity (..., d)."""
+        """obs (..., o), x_t (..., d), t (...) -> velocity (..., d).
+
+        The first layer acts on the concatenation [obs, x_t, emb(t)]; it is applied block by
+        block, so ``obs`` may have singleton dimensions that broadcast against ``x_t`` (e.g.
+        (n, 1, o) against (n, M, d): the observation term is then computed once per action,
+        not once per draw).
+        """
         ang = t.unsqueeze(-1) * self.freqs
-        h = torch.cat([obs, x_t, torch.cos(ang), torch.sin(ang)], dim=-1)
-        return self.net(h) * self.output_scale
+        first = self.net[0]
+        o, d = obs.shape[-1], self.act_dim
+        w = first.weight
+        h = nn.functional.linear(obs, w[:, :o]) + nn.functional.linear(x_t, w[:, o : o + d])
+        h = h + nn.functional.linear(torch.cat([torch.cos(ang), torch.sin(ang)], dim=-1), w[:, o + d :], first.bias)
+        return self.net[1:](h) * self.output_scale
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
@@ -443,7 +476,7 @@ def draw_losses(actor: FlowActor, obs: torch.Tensor, x: torch.Tensor, t: torch.T
     n, m, d = eps.shape
     tt = t.unsqueeze(-1)
     x_t = (1.0 - tt) * eps + tt * x.unsqueeze(1)
-    v = actor(obs.unsqueeze(1).expand(n, m, obs.shape[-1]), x_t, t)
+    v = actor(obs.unsqueeze(1), x_t, t)  # the observation broadcasts over the M draws
     if objective == "fpo":
         eps_hat = x_t - tt * v
         return ((eps_hat - eps) ** 2).mean(-1)
@@ -592,9 +625,7 @@ def collect_rollout(state: State, args: Args) -> dict:
         x_np = sampler.sample(o.astype(np.float64), x0, args.flow_steps)
         if args.objective == "fpopp" and args.fpopp_action_noise > 0:
             x_np = x_np + args.fpopp_action_noise * torch.randn(n, d).numpy()
-        if args.action_squash == "clip":
-            x_np = np.clip(x_np, -1.0, 1.0)
-        elif args.action_bound > 0:
+        if args.action_bound > 0:  # bounded stored actions (and old losses); the box is applied below
             x_np = np.clip(x_np, -args.action_bound, args.action_bound)
         x_np = x_np.astype(np.float32)
         act_buf[step] = x_np
@@ -661,7 +692,14 @@ class NonFiniteLoss(RuntimeError):
 
 
 def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
-    """``update_epochs`` passes of minibatch gradient steps on the actor and critic losses."""
+    """``update_epochs`` passes of minibatch gradient steps on the actor and critic losses.
+
+    One optimiser and one backward pass per minibatch serve both networks (the losses share
+    no parameters, so this equals separate steps). Statistics stay on the device as tensors
+    and are read once at the end of the update; a non-finite loss or gradient norm anywhere
+    in the update raises :class:`NonFiniteLoss` then (the caller discards the update, so the
+    last checkpoint stays the last good state).
+    """
     n = batch["obs"].shape[0]
     mb = n // args.num_minibatches
     adv_all = batch["adv"]
@@ -669,9 +707,13 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
         if args.norm_adv:
             adv_all = (adv_all - adv_all.mean()) / (adv_all.std() + 1e-8)
         adv_all = adv_all.clamp(-args.adv_clamp, args.adv_clamp)
-    params = list(state.actor.parameters()) + list(state.critic.parameters())
-    logs: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm")}
+    params = [p for group in state.optimizer.param_groups for p in group["params"]]
+    max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
+    rows = []  # per minibatch: pg_loss, v_loss, ratio mean, min, max, clip fraction, grad norm
+    stopped = None  # approximate KL that ended the update early (--target-kl)
     for _ in range(args.update_epochs):
+        if stopped is not None:
+            break
         perm = torch.randperm(n, device=state.device)
         for start in range(0, mb * args.num_minibatches, mb):
             idx = perm[start : start + mb]
@@ -688,26 +730,35 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
                 )
             v_loss = 0.5 * ((state.critic(batch["obs"][idx]) - batch["returns"][idx]) ** 2).mean()
             loss = pg_loss + args.vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"non-finite loss {loss.item()} at update {state.update}")
+            if args.target_kl > 0:
+                with torch.no_grad():
+                    r = ratio.detach().double()
+                    kl = float(((r - 1.0) - torch.log(r)).mean())
+                if not kl <= args.target_kl:  # also stops on nan
+                    stopped = kl
+                    break
             state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
-            gn = nn.utils.clip_grad_norm_(params, max_norm)
-            if not torch.isfinite(gn):
-                raise NonFiniteLoss(f"non-finite gradient norm at update {state.update}")
+            gn = nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
             state.optimizer.step()
             with torch.no_grad():
-                logs["pg_loss"].append(pg_loss.item())
-                logs["v_loss"].append(v_loss.item())
-                logs["ratio_mean"].append(ratio.mean().item())
-                logs["ratio_min"].append(ratio.min().item())
-                logs["ratio_max"].append(ratio.max().item())
-                logs["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-                logs["grad_norm"].append(gn.item())
-    out = {k: float(np.mean(v)) for k, v in logs.items() if v}
-    out["ratio_min"] = float(np.min(logs["ratio_min"]))
-    out["ratio_max"] = float(np.max(logs["ratio_max"]))
+                r = ratio.detach()
+                rows.append(torch.stack([
+                    pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(),
+                    ((r - 1.0).abs() > args.clip_coef).float().mean(), gn.to(r.dtype),
+                ]).float())
+    if stopped is not None and math.isnan(stopped):
+        raise NonFiniteLoss(f"non-finite ratio at update {state.update}")
+    out = {"minibatch_steps": len(rows), "early_stop_kl": stopped}
+    if not rows:
+        return out
+    stats = torch.stack(rows).cpu().numpy().astype(np.float64)  # one host sync (plus the KL checks)
+    if not np.isfinite(stats[:, [0, 1, 6]]).all():
+        bad = "loss" if not np.isfinite(stats[:, :2]).all() else "gradient norm"
+        raise NonFiniteLoss(f"non-finite {bad} at update {state.update}")
+    out.update({k: float(stats[:, c].mean()) for c, k in enumerate(("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm"))})
+    out["ratio_min"] = float(stats[:, 3].min())
+    out["ratio_max"] = float(stats[:, 4].max())
     return out
 
 
@@ -819,6 +870,8 @@ def validate_args(args: Args) -> None:
         raise ValueError(f"action_squash={args.action_squash!r}; allowed: 'clip', 'tanh'")
     if not math.isfinite(args.action_bound):
         raise ValueError(f"action_bound={args.action_bound}; must be a finite number (<= 0 disables the clamp)")
+    if args.anneal_steps < 0:
+        raise ValueError(f"anneal_steps={args.anneal_steps}; must be >= 0 (0: total_timesteps)")
     if args.clip_coef <= 0:
         raise ValueError(f"clip_coef={args.clip_coef}; must be > 0")
     if args.k1 <= args.k0 and (args.alpha_early is not None or args.alpha_late is not None):
@@ -832,8 +885,10 @@ def build_state(args: Args, device: torch.device) -> State:
     act_dim = int(np.prod(envs.single_action_space.shape))
     actor = FlowActor(obs_dim, act_dim, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale).to(device)
     critic = Critic(obs_dim, args.critic_hidden, args.critic_layers).to(device)
+    # One optimiser over both networks; the fused kernel does the whole step in one call.
     optimizer = torch.optim.AdamW(
-        list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay
+        list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay,
+        fused=True,
     )
     return State(
         envs, actor, critic, optimizer,
@@ -919,7 +974,7 @@ def main(args: Args) -> dict:
         if args.anneal_lr:
             # The horizon is total_timesteps (not --num-updates), so a run continued in pieces
             # follows the same schedule as an uninterrupted one; the floor keeps lr > 0.
-            frac = state.update / max(1, args.total_timesteps // batch_size)
+            frac = state.update / max(1, (args.anneal_steps or args.total_timesteps) // batch_size)
             optimizer.param_groups[0]["lr"] = args.learning_rate * max(1.0 - frac, 0.05)
         t0 = time.perf_counter()
         batch = collect_rollout(state, args)

@@ -7,11 +7,15 @@ environments, sync/async vectorisation, action squashing) and the same process:
 - end-to-end: ``num_updates`` FPO iterations (``collect_rollout`` + ``update``), excluding
   evaluation and checkpoint writing.
 
-The script prints both rates and their ratio (target: end-to-end >= 70% of environment-only).
+The script prints both rates and their ratio (target: end-to-end >= 70% of environment-only)
+and, in the JSON, the mean seconds per iteration spent in the rollout and in the update.
 Pin the cores with ``taskset`` to measure a given core count, e.g.::
 
-    taskset -c 0,1 python benchmarks/bench_robot_sps.py --torch-threads 2
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --torch-threads 16 --async-envs
+    taskset -c 0,1 python benchmarks/bench_robot_sps.py --torch-threads 1
+    taskset -c 0-15 python benchmarks/bench_robot_sps.py --torch-threads 8
+
+The update is a stream of small matrix products: on a CPU whose other cores are busy, more
+torch threads than free cores make it many times slower (OpenMP threads wait for each other).
 """
 
 from __future__ import annotations
@@ -76,19 +80,24 @@ def env_only_sps(args: robot_fpo.Args, steps: int) -> float:
     return steps * args.num_envs / dt
 
 
-def end_to_end_sps(args: robot_fpo.Args, updates: int, device: torch.device) -> float:
+def end_to_end_sps(args: robot_fpo.Args, updates: int, device: torch.device) -> tuple[float, float, float]:
+    """End-to-end steps/s, and the mean seconds per iteration spent in the rollout and the update."""
     torch.manual_seed(args.seed)
     state = robot_fpo.build_state(args, device)
     robot_fpo.reset_envs(state, args.seed)
     batch = robot_fpo.collect_rollout(state, args)  # warm-up
     robot_fpo.update(state, batch, args, robot_fpo.current_alpha(args, 0))
+    t_roll = t_upd = 0.0
     t0 = time.perf_counter()
     for _ in range(updates):
+        ta = time.perf_counter()
         batch = robot_fpo.collect_rollout(state, args)
+        tb = time.perf_counter()
         robot_fpo.update(state, batch, args, robot_fpo.current_alpha(args, state.global_step))
+        t_roll, t_upd = t_roll + tb - ta, t_upd + time.perf_counter() - tb
     dt = time.perf_counter() - t0
     state.envs.close()
-    return updates * args.num_envs * args.num_steps / dt
+    return updates * args.num_envs * args.num_steps / dt, t_roll / updates, t_upd / updates
 
 
 def main(b: BenchArgs) -> dict:
@@ -101,11 +110,13 @@ def main(b: BenchArgs) -> dict:
     )
     env_sps = env_only_sps(args, b.num_updates * b.num_steps)
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
-    e2e_sps = end_to_end_sps(args, b.num_updates, device)
+    e2e_sps, rollout_s, update_s = end_to_end_sps(args, b.num_updates, device)
     out = {
         "env_id": b.env_id, "num_envs": b.num_envs, "num_steps": b.num_steps, "async_envs": b.async_envs,
         "objective": b.objective, "num_draws": b.num_draws, "update_epochs": b.update_epochs, "num_minibatches": b.num_minibatches, "device": str(device), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+        "actor": f"{args.actor_layers}x{args.actor_hidden}",
         "env_only_sps": env_sps, "end_to_end_sps": e2e_sps, "ratio": e2e_sps / env_sps,
+        "env_only_s_per_rollout": b.num_envs * b.num_steps / env_sps, "rollout_s": rollout_s, "update_s": update_s,
     }
     print(json.dumps(out))
     print(f"env-only {env_sps:.0f} steps/s, end-to-end {e2e_sps:.0f} steps/s, ratio {e2e_sps / env_sps:.2f}")

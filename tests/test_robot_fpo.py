@@ -180,7 +180,7 @@ def test_schedule_over_blocks_and_bad_args(tmp_path):
     assert R.current_alpha(a, 250) == pytest.approx(0.75)  # block 2, halfway through (1, 3)
     assert R.current_alpha(a, 10_000) == pytest.approx(0.5)
     assert R.current_alpha(tiny_args(tmp_path, objective="fpopp", alpha=0.3), 10_000) == 0.3
-    for bad in (dict(objective="ppo"), dict(trust_region="kl"), dict(num_envs=0), dict(t_min=0.5, t_max=0.4)):
+    for bad in (dict(objective="ppo"), dict(trust_region="kl"), dict(num_envs=0), dict(t_min=0.5, t_max=0.4), dict(anneal_steps=-1)):
         with pytest.raises(ValueError):
             R.validate_args(tiny_args(tmp_path, **bad))
     with pytest.raises(ValueError, match="action space"):
@@ -299,3 +299,32 @@ def test_action_bound_clamps_stored_actions(tmp_path):
     assert (x.abs() >= 0.2 - 1e-6).float().mean().item() > 0.5
     with pytest.raises(ValueError, match="action_bound"):
         R.validate_args(replace(args, action_bound=float("nan")))
+
+
+def test_target_kl_stops_the_update_before_the_offending_step(tmp_path):
+    args = tiny_args(tmp_path, learning_rate=1e-2)
+    torch.manual_seed(0)
+    state = R.build_state(args, torch.device("cpu"))
+    R.reset_envs(state, args.seed)
+    batch = R.collect_rollout(state, args)
+    state.envs.close()
+    # The first minibatch sees the rollout's policy (r = 1, KL ~ 0); after one step at a large lr the
+    # next minibatch's approximate KL exceeds a tiny target, so only one step is taken.
+    before = [p.detach().clone() for p in state.actor.parameters()]
+    tight = R.update(state, batch, replace(args, target_kl=1e-12), 1.0)
+    assert tight["minibatch_steps"] == 1 and tight["early_stop_kl"] > 1e-12
+    assert any(not torch.equal(a, b) for a, b in zip(before, state.actor.parameters()))
+    # Now the policy differs from the rollout's: the tiny target stops before any step, 0 runs them all.
+    assert R.update(state, batch, replace(args, target_kl=1e-12), 1.0)["minibatch_steps"] == 0
+    full = R.update(state, batch, replace(args, target_kl=0.0), 1.0)
+    assert full["minibatch_steps"] == args.num_minibatches * args.update_epochs and full["early_stop_kl"] is None
+
+
+def test_anneal_steps_sets_the_lr_horizon(tmp_path):
+    batch = 4 * 32
+    args = tiny_args(tmp_path, num_updates=4, eval_every=4, total_timesteps=100 * batch, anneal_steps=2 * batch,
+                     learning_rate=1e-3)
+    R.main(args)
+    lrs = [r["lr"] for r in read_rows(tmp_path / "run" / "metrics.jsonl")[1:]]
+    # lr = lr0 * max(1 - k / (anneal_steps / batch), 0.05) before update k = 0, 1, 2, 3.
+    np.testing.assert_allclose(lrs, [1e-3, 0.5e-3, 0.05e-3, 0.05e-3])
