@@ -826,9 +826,7 @@ class GraphSampler:
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
-        was_training = self.net.training
-        self.net.eval()
-        try:
+        with eval_mode(self.net):
             key = tuple(latents.shape)
             if key not in self.graphs:
                 self.graphs[key] = self._capture(latents)
@@ -836,8 +834,17 @@ class GraphSampler:
             static_in.copy_(latents)
             graph.replay()
             return static_out.clone()
-        finally:
-            self.net.train(was_training)
+
+
+@contextlib.contextmanager
+def eval_mode(net: nn.Module):
+    """Evaluation mode inside the block, the previous mode afterwards."""
+    was_training = net.training
+    net.eval()
+    try:
+        yield net
+    finally:
+        net.train(was_training)
 
 
 def eval_sampler(fwd, net: nn.Module, steps: int, convention: str, autocast=None):
@@ -845,12 +852,8 @@ def eval_sampler(fwd, net: nn.Module, steps: int, convention: str, autocast=None
 
     @torch.no_grad()
     def sample(latents: torch.Tensor) -> torch.Tensor:
-        was_training = net.training
-        net.eval()
-        try:
+        with eval_mode(net):
             return sample_images(fwd, latents, steps, convention, autocast)
-        finally:
-            net.train(was_training)
 
     return sample
 
