@@ -164,11 +164,10 @@ def time_breakdown(run, args: Args, device, reps: int = 5):
     return sample_ms, loss_ms, adam_ms
 
 
-def time_mode(mode: str, folder: str, args: Args, device, gflop: float):
-    """Set up one mode, warm it up, and time updates and one validation."""
+def time_mode(mode: str, folder: str, args: Args, device, gflop: float, peak: Optional[float]):
+    """Set up one mode, warm it up, and time updates and one validation; `peak` is the card's dense
+    bf16 TFLOP/s (None when unknown)."""
     n, s = args.batch_size, args.sample_steps
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     t_setup = time.perf_counter()
     run = make_run(mode, folder, args, device)
     reuse = bool(run.args.reuse_old_losses)
@@ -226,7 +225,7 @@ def main(args: Args):
                     print(f"skip {mode}: diffusers is not installed", flush=True)
                     continue
             try:
-                rows.append(time_mode(mode, tmp, args, device, gflop))
+                rows.append(time_mode(mode, tmp, args, device, gflop, peak))
             except Exception as err:  # report and go on with the other modes
                 print(f"FAILED {mode}: {type(err).__name__}: {err}", flush=True)
             if device.type == "cuda":
