@@ -65,6 +65,7 @@ PAPER_UNET = {
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 DENSE_BF16_PEAK = {"H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5,
                    "H200": 989.4, "A100": 312.0}
+INDUCTOR_SETTINGS = ("default", "coord", "max-autotune")
 MODES = ("fp32", "tf32", "bf16", "tf32+compile", "bf16+compile", "peer-fp32", "peer-tf32", "peer-bf16")
 
 
@@ -88,6 +89,23 @@ class Args:
     """Also time the parts on their own: rollout sampling, loss forward+backward, Adam step."""
     json: Optional[str] = None
     """Write the table rows (and the device) to this JSON file."""
+    inductor: str = "default"
+    """Compiler setting of the compiled modes: default, coord (coordinate-descent tuning of generated
+    kernels, 1x1 convolutions as matrix products) or max-autotune (Triton templates benchmarked against
+    cuDNN/cuBLAS per shape; slow to compile)."""
+
+
+def apply_inductor_setting(name: str):
+    """Set torch inductor's global options for one of INDUCTOR_SETTINGS (before anything compiles)."""
+    if name not in INDUCTOR_SETTINGS:
+        raise ValueError(f"inductor setting {name!r} is not one of {', '.join(INDUCTOR_SETTINGS)}")
+    import torch._inductor.config as ind
+
+    if name == "coord":
+        ind.coordinate_descent_tuning = True
+        ind.conv_1x1_as_mm = True
+    elif name == "max-autotune":
+        ind.max_autotune = True
 
 
 class DiffusersNet(torch.nn.Module):
@@ -205,6 +223,7 @@ def main(args: Args):
     bad = [m for m in args.modes if m not in MODES]
     if bad:
         raise ValueError(f"--modes {bad} not in {', '.join(MODES)}")
+    apply_inductor_setting(args.inductor)
     device = cifar_fpo.pick_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
@@ -236,7 +255,8 @@ def main(args: Args):
         ref = peers.get("bf16" if r["mode"].endswith("+compile") and "bf16" in peers else prec)
         ref = ref if ref is not None else (min(peers.values()) if peers else None)
         r["vs_peer"] = ref / r["ms_per_update"] if ref else None
-    print(f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd")
+    print(f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd   "
+          f"inductor: {args.inductor}")
     print(f"update: batch {n} x {s} Euler steps, 4 draws, Adam; validation 512 x {s} steps every 20 updates")
     print(f"{'mode':>13} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
           f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | {'vs peer':>7}")

@@ -1,0 +1,40 @@
+"""Arithmetic of the CIFAR speed benchmarks (the timings themselves need a GPU)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_cifar_update  # noqa: E402
+import bench_unet_floor  # noqa: E402
+
+
+def test_update_forward_equivalents_match_the_paper_configuration():
+    # app:cifar: 64 samples x 20 steps, 4 draws (forward + backward = 3), 512 x 20 validation per 20 updates
+    assert sum(bench_unet_floor.FWD_EQUIV.values()) == 64 * 20 + 3 * 4 * 64 + 512 * 20 // 20 == 2560
+
+
+def test_floor_and_kernels_only_update_from_timings():
+    row = {"gflop": 10.0, "fwd_ms": {64: 4.0, 512: 16.0, 1024: 30.72}, "fwd_bwd_ms": 48.0, "train_batch": 256}
+    out = bench_unet_floor.summarise(dict(row), peak=1000.0)
+    # per-image forward: 62.5, 31.25, 30.0 us -> best 30 us -> 2560 x 30 us = 76.8 ms
+    assert out["floor_ms"] == pytest.approx(2560 * 30.0e-3)
+    assert out["best_tflops"] == pytest.approx(10.0e9 / 30.0e-6 / 1e12)
+    assert out["best_peak_frac"] == pytest.approx(out["best_tflops"] / 1000.0)
+    assert out["tflops"][64] == pytest.approx(10.0e9 / 62.5e-6 / 1e12)
+    # fwd+bwd at 256 = 768 forward-equivalents in 48 ms
+    assert out["fwd_bwd_tflops"] == pytest.approx(768 * 10.0e9 / 48e-3 / 1e12)
+    assert out["kernels_only_update_ms"] == pytest.approx(20 * 4.0 + 48.0 + 16.0)
+
+
+def test_kernels_only_update_rescales_the_training_batch():
+    row = {"gflop": 1.0, "fwd_ms": {64: 1.0, 512: 8.0}, "fwd_bwd_ms": 12.0, "train_batch": 128}
+    out = bench_unet_floor.summarise(dict(row), peak=None)
+    assert out["kernels_only_update_ms"] == pytest.approx(20 * 1.0 + 24.0 + 8.0)
+    assert out["best_peak_frac"] is None
+
+
+def test_unknown_inductor_setting_is_rejected():
+    with pytest.raises(ValueError, match="'fastest'.*default, coord, max-autotune"):
+        bench_cifar_update.apply_inductor_setting("fastest")
