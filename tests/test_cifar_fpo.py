@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import cifar_fpo  # noqa: E402
+from jsonl_records import read_jsonl, strip_times  # noqa: E402
 
 TINY_UNET = {
     "_class_name": "UNet2DModel",
@@ -58,14 +59,6 @@ def run_script(args, cwd, timeout=300, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"cifar_fpo.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def strip_times(records):
-    return [{k: v for k, v in r.items() if k not in ("time_s", "unix_time")} for r in records]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
 import robot_fpo  # noqa: E402
 
+from jsonl_records import read_jsonl, strip_times  # noqa: E402
 from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 RUNGS = (2, 4, 8)
@@ -34,14 +35,6 @@ def run_cli(args, cwd, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"halving.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def strip_times(records):
-    return [{k: v for k, v in r.items() if k not in ("time_s", "unix_time")} for r in records]
 
 
 # ------------------------------------------------------------------------------------------------
