@@ -174,6 +174,38 @@ def test_draw_times_and_numpy_sampler():
     np.testing.assert_allclose(fast, actor.sample(obs, x0, 5).numpy(), atol=1e-4)
 
 
+def test_numpy_sampler_is_bit_identical_to_the_plain_expression():
+    # The buffered sampler must reproduce, bit for bit, the straightforward numpy Euler loop
+    # (rollout actions, and hence runs, stay identical for a given seed).
+    torch.manual_seed(1)
+    for layers, n in ((3, 16), (1, 5)):
+        actor = R.FlowActor(7, 3, 32, layers, 8, 0.25)
+        s = R.NumpyFlowSampler(actor)
+        lin = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
+        w = [m.weight.detach().numpy().T.copy() for m in lin]  # row-major, as a BLAS call sees them
+        b = [m.bias.detach().numpy() for m in lin]
+        rng = np.random.default_rng(layers)
+        obs = (3 * rng.standard_normal((n, 7))).astype(np.float32)
+        x0 = rng.standard_normal((n, 3)).astype(np.float32)
+        x0_copy = x0.copy()
+        steps, dt = 6, np.float32(1 / 6)
+        freqs = actor.freqs.double().numpy()
+        ang = (np.arange(steps) / steps)[:, None] * freqs
+        time_terms = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32) @ w[0][10:]
+        x = x0
+        for k in range(steps):
+            h = (obs @ w[0][:7] + b[0]) + x @ w[0][7:10] + time_terms[k]
+            h = h / (1.0 + np.exp(-h))
+            for wi, bi in zip(w[1:-1], b[1:-1]):
+                h = h @ wi + bi
+                h = h / (1.0 + np.exp(-h))
+            x = x + dt * np.float32(0.25) * (h @ w[-1] + b[-1])
+        got = s.sample(obs, x0, steps)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, x.astype(np.float64))
+        np.testing.assert_array_equal(x0, x0_copy)  # the caller's noise is not overwritten
+
+
 def test_schedule_over_blocks_and_bad_args(tmp_path):
     a = tiny_args(tmp_path, alpha_early=1.0, alpha_late=0.5, k0=1, k1=3, block_size=100)
     assert R.current_alpha(a, 0) == 1.0
@@ -328,3 +360,97 @@ def test_anneal_steps_sets_the_lr_horizon(tmp_path):
     lrs = [r["lr"] for r in read_rows(tmp_path / "run" / "metrics.jsonl")[1:]]
     # lr = lr0 * max(1 - k / (anneal_steps / batch), 0.05) before update k = 0, 1, 2, 3.
     np.testing.assert_allclose(lrs, [1e-3, 0.5e-3, 0.05e-3, 0.05e-3])
+
+
+# ---------------------------------------------------------------------------- CUDA graph
+
+
+def two_states(args, device):
+    """Two identical training states and one rollout batch collected by the first."""
+    states = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        states.append(R.build_state(args, device))
+    a, b = states
+    R.reset_envs(a, args.seed)
+    batch = R.collect_rollout(a, args)
+    for s in states:
+        s.envs.close()
+    return a, b, batch
+
+
+def assert_same_networks(a, b, **tol):
+    for p, q in zip(list(a.actor.parameters()) + list(a.critic.parameters()), list(b.actor.parameters()) + list(b.critic.parameters())):
+        torch.testing.assert_close(p, q, **tol)
+
+
+def test_cuda_graph_flag_is_a_no_op_on_cpu(tmp_path):
+    args = tiny_args(tmp_path)
+    a, b, batch = two_states(args, torch.device("cpu"))
+    assert not R.uses_cuda_graph(b, replace(args, cuda_graph=True))
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        sa = R.update(a, batch, replace(args, cuda_graph=False), 1.0)
+        torch.manual_seed(seed)
+        sb = R.update(b, batch, replace(args, cuda_graph=True), 1.0)
+        assert sa == sb and sa["minibatch_steps"] == 4
+    assert a.graph is None and b.graph is None
+    assert_same_networks(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypatch, objective):
+    # The graph's step (index table, device step counter, statistics table), with each replay
+    # run eagerly on the CPU instead of captured, must take exactly the eager loop's steps.
+    args = tiny_args(tmp_path, objective=objective, alpha_eps=0.5, alpha=0.5)
+    a, b, batch = two_states(args, torch.device("cpu"))
+    replays = []
+
+    def fake_capture(self, state, params, max_norm):
+        def replay():
+            replays.append(int(self.counter))
+            self._step(state, params, max_norm)
+
+        self.graph = type("EagerReplay", (), {"replay": staticmethod(replay)})()
+
+    monkeypatch.setattr(R.GraphedUpdate, "capture", fake_capture)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        sa = R.update(a, batch, args, 0.5)
+        monkeypatch.setattr(R, "uses_cuda_graph", lambda state, args: True)
+        torch.manual_seed(seed)
+        sb = R.update(b, batch, args, 0.5)
+        monkeypatch.undo()
+        monkeypatch.setattr(R.GraphedUpdate, "capture", fake_capture)
+        assert sa == sb
+    assert replays == [0, 1, 2, 3] * 2  # one replay per minibatch step, the counter reset per update
+    assert_same_networks(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the CUDA-graph update with the eager one)")
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective):
+    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5)
+    dev = torch.device("cuda")
+    a, b, batch = two_states(args, dev)
+    eager, graphed = replace(args, cuda_graph=False), replace(args, cuda_graph=True)
+    ckpt = str(tmp_path / "b.pt")
+    for k in range(3):
+        if k == 1:  # an annealed learning rate reaches the captured optimiser step
+            for s in (a, b):
+                s.optimizer.param_groups[0]["lr"] *= 0.5
+        if k == 2:  # a resume replaces the optimiser state: the graph is rebuilt
+            R.save_checkpoint(ckpt, b)
+            R.load_checkpoint(ckpt, b)
+            assert b.graph is None
+        torch.cuda.manual_seed(k)
+        sa = R.update(a, batch, eager, 0.5)
+        torch.cuda.manual_seed(k)
+        sb = R.update(b, batch, graphed, 0.5)
+        assert a.graph is None and b.graph is not None and b.graph.graph is not None
+        assert sa["minibatch_steps"] == sb["minibatch_steps"] == 4
+        for key in R.STAT_KEYS:
+            assert sb[key] == pytest.approx(sa[key], rel=1e-4, abs=1e-5), key
+        assert_same_networks(a, b, rtol=1e-5, atol=1e-5)
+    assert isinstance(b.optimizer.param_groups[0]["lr"], float) and not b.optimizer.param_groups[0]["capturable"]
+
