@@ -817,3 +817,148 @@ def satisfies_elbo_condition(
         raise ValueError("q0 is only supported with a callable w; bin profiles assume uniform base time")
     arr = _profile("w", w)
     return bool(np.all(np.diff(arr) <= rtol * arr[:-1]))
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule object: the only weighting state a trainer holds
+# ----------------------------------------------------------------------------------------------
+
+WEIGHTINGS = ("fixed", "schedule", "static-softmax", "static-direct", "online-ema", "online-refit")
+ONLINE_INITS = ("uniform", "x0")  # app:method-settings: five-reward comparison / Digit7 variant
+
+
+class WeightingRule:
+    """The timestep weighting of one image run: the profile ``w_k`` in force at update ``k`` and the
+    plan (bin law ``q_k``, calibrated scale ``a_k``) an update samples and scales its draws with.
+
+    * ``fixed``: ``alpha_profile(alpha)`` or, when ``target`` is given, ``target_profile(target)``.
+    * ``schedule``: ``alpha_profile(linear_schedule(k, alpha_early, alpha_late, k0, k1))``.
+    * ``static-softmax`` / ``static-direct``: fitted once on the initial model (eq:static).
+    * ``online-ema``: starts at ``online_init``; after each update the fresh fit batch's moments
+      enter an EMA and the profile ``B softmax(kappa c_hat)`` is deployed at the next update (eq:online).
+    * ``online-refit``: starts at the x0 profile; every ``refit_every`` updates the profile is
+      replaced by ``refit_profile`` of the pooled window of fit batches, which then resets
+      (app:online-analysis).
+
+    The calibration bank (``bank_losses``, eq:calibration) sets ``a_k`` for the ``q+a`` estimator,
+    anchored at ``q_ref`` (the x0 profile by default).
+
+    A trainer asks ``plan(k)`` before update ``k``; when ``wants_fit(k)`` is true it measures the
+    per-bin output-coherence moments ``(U, V)`` (eq:coherence) and tells ``observe(k, U, V)``.
+    ``k = -1`` stands for the initial model, before update 0. ``state_dict()`` holds everything
+    that changes during a run, as plain lists and numbers.
+    """
+
+    def __init__(self, weighting: str = "fixed", *, bins: int = BINS, alpha: float = 0.0,
+                 target: str | None = None, alpha_early: float = -3.0, alpha_late: float = -0.5,
+                 k0: int = 160, k1: int = 260, eta: float = 1.0, online_kappa: float = ONLINE_KAPPA,
+                 online_decay: float = EMA_DECAY, online_init: str = "uniform", refit_eta: float = 1.0,
+                 refit_every: int = REFIT_EVERY, estimator: str = "q+a", g: float = 1.0,
+                 bank_losses=None, q_ref=None):
+        for name, value, allowed in (("weighting", weighting, WEIGHTINGS), ("estimator", estimator, ESTIMATORS),
+                                     ("online_init", online_init, ONLINE_INITS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+        if target is not None and target not in TARGETS:
+            raise ValueError(f"target={target!r} is not one of {', '.join(TARGETS)}")
+        if weighting == "schedule" and k1 < k0:
+            raise ValueError(f"k1={k1!r} < k0={k0!r}; expected k1 >= k0")
+        if int(refit_every) < 1:
+            raise ValueError(f"refit_every={refit_every!r} must be >= 1")
+        self.weighting, self.bins, self.estimator, self.g = weighting, _check_bins(bins), estimator, g
+        self.alpha_value, self.target = alpha, target
+        self.schedule = Schedule(alpha_early, alpha_late, k0, k1)
+        self.eta, self.kappa, self.decay, self.refit_eta, self.refit_every = eta, online_kappa, online_decay, refit_eta, int(refit_every)
+        self.q_ref = profile_probs(target_profile("x0", self.bins)) if q_ref is None else np.asarray(q_ref, dtype=np.float64)
+        self.bank_losses = None if bank_losses is None else np.asarray(bank_losses)
+        self.coherence: list | None = None  # static rules: the coherence measured on the initial model
+        self.ema: EMAState | None = None  # online-ema: moments so far
+        self.window: list = []  # online-refit: (U, V) of the fit batches since the last refit
+        if weighting in ("static-softmax", "static-direct"):
+            self.profile = None  # set by observe(-1, U, V)
+        elif weighting == "online-ema" and online_init == "uniform":
+            self.profile = np.ones(self.bins)
+        elif weighting in ("online-ema", "online-refit"):
+            self.profile = target_profile("x0", self.bins)  # app:method-settings, app:online-analysis
+        else:
+            self.profile = self._data_free_profile(0)
+
+    @property
+    def c_ref(self) -> float:
+        """``C_ref = S(q_ref)`` on the calibration bank (eq:calibration), the scale anchor."""
+        return float(calibration_S(self.bank_losses, self.q_ref))
+
+    def alpha(self, k: int) -> float | None:
+        """The exponent in force at update ``k`` (None for target and data-driven profiles)."""
+        if self.weighting == "fixed" and self.target is None:
+            return float(self.alpha_value)
+        if self.weighting == "schedule":
+            return float(linear_schedule(k, *self.schedule))
+        return None
+
+    def _data_free_profile(self, k: int) -> np.ndarray:
+        if self.target is not None and self.weighting == "fixed":
+            return target_profile(self.target, self.bins)
+        return alpha_profile(self.alpha(k), self.bins)
+
+    def wants_fit(self, k: int) -> bool:
+        """Whether the trainer should measure coherence moments now: static rules once on the
+        initial model (``k = -1``), online rules after every update ``k >= 0``."""
+        if self.weighting.startswith("static-"):
+            return k == -1 and self.profile is None
+        return self.weighting.startswith("online-") and k >= 0
+
+    def plan(self, k: int) -> Plan:
+        """Sampling law and multipliers of update ``k`` (eq:weight-sampling, eq:calibration)."""
+        if self.weighting == "schedule":
+            self.profile = self._data_free_profile(k)
+        if self.profile is None:
+            raise ValueError(f"weighting={self.weighting!r} needs observe(-1, U, V) on the initial model first")
+        return estimator_plan(self.profile, self.estimator, bank_losses=self.bank_losses, q_ref=self.q_ref, g=self.g)
+
+    def observe(self, k: int, U, V) -> dict:
+        """Fold one fit batch's per-bin moments, measured after update ``k`` (``-1``: the initial
+        model), into the rule; the new profile is in force from update ``k + 1``. Returns the
+        coherence it deployed, if any, as ``{"coherence": [...]}``."""
+        if self.weighting.startswith("static-"):
+            c = coherence_from_moments(U, V)
+            self.coherence = c.tolist()
+            self.profile = static_softmax(c, self.eta) if self.weighting == "static-softmax" else static_direct(c)
+            return {"coherence": [float(x) for x in c]}
+        if self.weighting == "online-ema":
+            self.ema = ema_moments_update(self.ema, U, V, decay=self.decay)
+            c_hat = ema_coherence(self.ema)
+            self.profile = online_ema_profile(c_hat, kappa=self.kappa)
+            return {"coherence": [float(x) for x in c_hat]}
+        if self.weighting == "online-refit":
+            self.window.append((np.asarray(U).tolist(), np.asarray(V).tolist()))
+            self.window[:] = self.window[-REFIT_WINDOW:]
+            if (k + 1) % self.refit_every == 0:
+                uu = np.mean([w[0] for w in self.window], axis=0)
+                vv = np.mean([w[1] for w in self.window], axis=0)
+                c = np.clip(coherence_from_moments(uu, vv), 0.0, 1.0)
+                self.profile = refit_profile(c, self.refit_eta)
+                self.window.clear()  # the window resets after each refresh
+                return {"coherence": [float(x) for x in c]}
+            return {}
+        raise ValueError(f"weighting={self.weighting!r} does not fit to data; nothing to observe")
+
+    def state_dict(self) -> dict:
+        """Everything that changes during a run (profile, fits, EMA, window) and the bank."""
+        ema = None if self.ema is None else {"U": self.ema.U.tolist(), "V": self.ema.V.tolist(),
+                                            "steps": self.ema.steps, "decay": self.ema.decay}
+        return {"weighting": self.weighting,
+                "profile": None if self.profile is None else np.asarray(self.profile).tolist(),
+                "coherence": self.coherence, "ema": ema, "window": [list(w) for w in self.window],
+                "bank_losses": None if self.bank_losses is None else np.asarray(self.bank_losses).tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["weighting"] != self.weighting:
+            raise ValueError(f"the saved state is for weighting={state['weighting']!r}, not {self.weighting!r}")
+        self.profile = None if state["profile"] is None else np.asarray(state["profile"], dtype=np.float64)
+        self.coherence = state["coherence"]
+        e = state["ema"]
+        self.ema = None if e is None else EMAState(np.asarray(e["U"], dtype=np.float64),
+                                                   np.asarray(e["V"], dtype=np.float64), int(e["steps"]), float(e["decay"]))
+        self.window = [tuple(w) for w in state["window"]]
+        self.bank_losses = None if state["bank_losses"] is None else np.asarray(state["bank_losses"], dtype=np.float64)
