@@ -1,4 +1,4 @@
-"""Speed settings of the image trainer, chosen once when a run is built.
+"""Device and speed settings of the image trainer, chosen once when a run is built.
 
 `choose` returns the objects the training loop calls, so the loop itself has no fast/slow branches:
 
@@ -26,6 +26,24 @@ import torch.nn as nn
 from fpo_utils.unet import sample_images, velocity_losses
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r} requested but CUDA is not available; use cpu or auto")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device {name!r} is not one of auto, cpu, cuda, cuda:N")
+    return torch.device(name)
+
+
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """Copy a CPU tensor to `device`; to CUDA through pinned memory without blocking the host."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def set_precision(precision: str):

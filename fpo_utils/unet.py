@@ -434,10 +434,8 @@ def load_unet(path: str | os.PathLike, device: str | torch.device = "cpu", dtype
 
 def _bad_file(message: str) -> Exception:
     """A missing or corrupt model file: RunError with the bad-file exit code (one line on the CLI)."""
-    try:
-        from fpo_utils.runfolder import EXIT_BAD_FILE, RunError
-    except ImportError:  # TEMP until the run-folder module lands
-        return ValueError(message)
+    from fpo_utils.runfolder import EXIT_BAD_FILE, RunError
+
     return RunError(message, code=EXIT_BAD_FILE)
 
 

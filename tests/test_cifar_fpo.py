@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -179,21 +180,41 @@ def test_cli_reports_bad_input_in_one_line(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # whole-algorithm checks on a tiny U-Net
 # ------------------------------------------------------------------------------------------------
-def test_first_update_has_unit_ratio_and_moves_the_model(tiny_model):
-    args = cifar_fpo.Args(model=str(tiny_model), preset="quick", reward="red-patch", device="cpu", batch_size=4,
-                          group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1,
-                          val_bank_size=4, learning_rate=1e-3, verbose=False)
-    run = cifar_fpo.setup(args)
-    before = [p.detach().clone() for p in run.net.parameters()]
-    m = cifar_fpo.train_step(run)
+def _tiny_args(tiny_model, tmp_path, **kw):
+    return replace(cifar_fpo.PRESETS["quick"], model=str(tiny_model), reward="red-patch", device="cpu", batch_size=4,
+                   group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1, val_bank_size=4,
+                   learning_rate=1e-3, verbose=False, save_samples=False, runs_dir=str(tmp_path), **kw)
+
+
+def test_first_update_has_unit_ratio_and_moves_the_model(tiny_model, tmp_path):
+    cifar_fpo.main(_tiny_args(tiny_model, tmp_path, num_updates=1, run_name="one"))
+    recs = read_jsonl(tmp_path / "one/metrics.jsonl")
+    m = [r for r in recs if r["kind"] == "update"][0]
     # old and current losses use the same endpoints, times and noises and start from equal weights
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["ratio_max_dev"] < 1e-6
     assert m["a_k"] == pytest.approx(1.0, rel=1e-9)  # alpha = 0 is the x0 anchor itself: a(q_x0, 1) = 1
-    changed = any(not torch.equal(a, b) for a, b in zip(before, run.net.parameters()))
-    assert changed and m["grad_norm"] > 0
-    # the frozen copy holds the pre-update weights
-    assert all(torch.equal(a, b) for a, b in zip(before, run.old_net.parameters()))
-    assert np.isfinite(run.c_x0) and run.bank_losses.shape == (8, 12)
+    assert m["grad_norm"] > 0
+    before = cifar_fpo.load_unet(tiny_model).state_dict()
+    after = torch.load(tmp_path / "one/checkpoints/last.pt", weights_only=False)["model"]
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    cal = [r for r in recs if r["kind"] == "calibration"]
+    assert len(cal) == 1 and np.isfinite(cal[0]["c_x0"]) and cal[0]["bank_size"] == 8
+
+
+def test_frozen_copy_keeps_theta_old_until_the_next_sync():
+    from fpo_utils.cifar_fast import FrozenCopyLosses, ReusedLosses
+
+    net = cifar_fpo.UNet2D.from_config(TINY_UNET)
+    old = FrozenCopyLosses(net, "sigma")
+    x, t, eps = torch.rand(2, 3, 32, 32), torch.rand(2, 1), torch.randn(2, 1, 3, 32, 32)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(0.5)
+    assert not torch.equal(old(None, x, t, eps), cifar_fpo.velocity_losses(net.eval(), x, t, eps, "sigma"))
+    old.sync()
+    assert torch.equal(old(None, x, t, eps), cifar_fpo.velocity_losses(net.eval(), x, t, eps, "sigma"))
+    l_new = torch.ones(2, 1, requires_grad=True)
+    assert torch.equal(ReusedLosses()(l_new, x, t, eps), l_new) and not ReusedLosses()(l_new, x, t, eps).requires_grad
 
 
 @pytest.mark.parametrize("weighting, extra", [
@@ -210,7 +231,7 @@ def test_every_weighting_runs(tiny_model, tmp_path, weighting, extra):
 
     flags = [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--weighting", weighting, *extra,
              "--run-name", "w", "--runs-dir", str(tmp_path / "runs"), "--no-save-samples"]
-    cifar_fpo.main(tyro.cli(cifar_fpo.Args, args=flags))  # in-process: the same CLI parsing, no start-up cost
+    cifar_fpo.main(tyro.cli(cifar_fpo.Args, default=cifar_fpo.PRESETS["quick"], args=flags))  # in-process
     recs = [r for r in read_jsonl(tmp_path / "runs/w/metrics.jsonl") if r["kind"] == "update"]
     assert [r["update"] for r in recs] == [0, 1, 2, 3]
     for r in recs:
@@ -241,7 +262,7 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
         assert key in ups[0], key
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["updates_done"] == 4
-    assert summary["peak_val_reward"] == max(v["val_reward"] for v in vals)  # eq:peak
+    assert summary["peak"] == max(v["val_reward"] for v in vals)  # eq:peak
     assert summary["peak_update"] in (0, 2, 4)
     assert sorted(p.name for p in (folder / "samples").glob("*.png")) == [
         "update_00000.png", "update_00002.png", "update_00004.png"]
@@ -249,10 +270,52 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
     assert ckpt["k"] == 4 and "optimizer" in ckpt and "rng" in ckpt
     args = json.loads((folder / "args.json").read_text())
     assert args["batch_size"] == 4 and args["reward"] == "red-patch"
+    # TensorBoard scalars under CleanRL-style tags, and the learning curve
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"charts/val_reward", "charts/train_reward", "losses/loss", "losses/clip_frac"} <= tags
+    assert [e.step for e in events.Scalars("charts/val_reward")] == [0, 2, 4]
+    assert [round(e.value, 6) for e in events.Scalars("charts/val_reward")] == [round(v["val_reward"], 6) for v in vals]
+    assert (folder / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second start without --resume must not overwrite finished work
     proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e"],
                       cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "--resume" in proc.stderr
+    assert proc.returncode == 2 and "--resume" in proc.stderr.strip().splitlines()[-1]
+    # --resume with a setting that changes the run is refused, naming the setting and both values
+    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e",
+                       "--resume", "--alpha", "-2"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "alpha: 0.0 -> -2.0" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_default_run_name_says_what_the_run_is():
+    name = lambda **kw: cifar_fpo.resolve_args(replace(cifar_fpo.PRESETS["quick"], **kw)).run_name  # noqa: E731
+    assert name() == "auto-a35__alpha0__quick__20260724"
+    assert name(alpha=-2.0, reward="clip", seed=3) == "clip__alpha-2__quick__3"
+    assert name(target="x0") == "auto-a35__x0__quick__20260724"
+    assert name(weighting="static-softmax", eta=1.0) == "auto-a35__static-softmax-eta1__quick__20260724"
+    assert cifar_fpo.resolve_args(cifar_fpo.Args()).run_name == "auto-a35__alpha0__paper__20260724"
+
+
+@pytest.mark.parametrize("flag", ["preset", "weighting", "target", "estimator", "precision", "reward", "online-init",
+                                  "convention"])
+def test_closed_choices_reject_bad_values_in_one_line(flag, capsys):
+    from fpo_utils.runfolder import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli(lambda args: {"status": "finished"}, cifar_fpo.Args, presets=cifar_fpo.PRESETS, argv=[f"--{flag}", "bogus"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: --{flag} 'bogus' is not one of ")
+
+
+def test_cli_bad_weighting_is_one_line(tmp_path):
+    proc = run_script(["--weighting", "bogus"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --weighting 'bogus' is not one of fixed, schedule, static-softmax, static-direct, online-ema, online-refit"]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
@@ -280,6 +343,24 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
     b = json.loads((tmp_path / "runs/killed/summary.json").read_text())
     assert a["validation"] == b["validation"] and b["status"] == "finished"
 
+    # Ctrl-C: the finished updates are checkpointed, summary says interrupted, exit 130, resume is exact
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", "int"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs/int/metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and any(r.get("kind") == "update" and r["update"] >= 2 for r in read_jsonl_safe(log)):
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    c = json.loads((tmp_path / "runs/int/summary.json").read_text())
+    assert c["status"] == "interrupted" and c["updates_done"] < 8
+    assert torch.load(tmp_path / "runs/int/checkpoints/last.pt", weights_only=False)["k"] == c["updates_done"]
+    run_script([*flags, "--run-name", "int", "--resume"], cwd=tmp_path)
+    assert strip_times(read_jsonl(tmp_path / "runs/int/metrics.jsonl")) == straight
+
 
 def read_jsonl_safe(path):
     out = []
@@ -296,8 +377,11 @@ def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_p
     proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "30", "--run-name", "nan",
                        "--learning-rate", "1e30", "--max-grad-norm", "1e30", "--clip-ratio", "0.99",
                        "--checkpoint-every", "1"], cwd=tmp_path, check=False)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     folder = tmp_path / "runs/nan"
+    text = (folder / "metrics.jsonl").read_text()
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}")) for line in text.splitlines()]
+    assert any(r["kind"] == "update" and (r["loss"] is None or r["grad_norm"] is None) for r in rows)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "nonfinite"
     ckpt = torch.load(folder / "checkpoints" / "last.pt", weights_only=False)
@@ -308,25 +392,19 @@ def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_p
 # ------------------------------------------------------------------------------------------------
 # the fast path: reused old losses and bf16 against the FP32 reference
 # ------------------------------------------------------------------------------------------------
-def _tiny_args(tiny_model, **kw):
-    return cifar_fpo.Args(model=str(tiny_model), preset="quick", reward="red-patch", device="cpu", batch_size=4,
-                          group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1,
-                          val_bank_size=4, learning_rate=1e-3, verbose=False, **kw)
-
-
-def test_reused_old_losses_give_the_same_update(tiny_model):
+def test_reused_old_losses_give_the_same_update(tiny_model, tmp_path):
     # theta_old = theta when the old losses are computed, so taking them from the current forward
     # (detached) must reproduce Algorithm 1 as written: same metrics, same parameters afterwards
-    runs = [cifar_fpo.setup(_tiny_args(tiny_model, reuse_old_losses=flag)) for flag in (False, True)]
-    assert runs[0].args.reuse_old_losses is False and runs[1].args.reuse_old_losses is True
-    for _ in range(2):
-        ms = [cifar_fpo.train_step(r) for r in runs]
-        for r in runs:
-            r.k += 1
+    for flag in (False, True):
+        cifar_fpo.main(_tiny_args(tiny_model, tmp_path, num_updates=2, val_every=10, reuse_old_losses=flag,
+                                  run_name=f"reuse{flag}"))
+    ms = [[r for r in read_jsonl(tmp_path / f"reuse{flag}/metrics.jsonl") if r["kind"] == "update"] for flag in (False, True)]
+    for a, b in zip(*ms):
         for key in ("train_reward_mean", "loss", "ratio_mean", "ratio_max_dev", "velocity_loss", "grad_norm"):
-            assert ms[1][key] == pytest.approx(ms[0][key], rel=1e-5, abs=1e-7), key
-    for a, b in zip(runs[0].net.parameters(), runs[1].net.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    ckpts = [torch.load(tmp_path / f"reuse{flag}/checkpoints/last.pt", weights_only=False)["model"] for flag in (False, True)]
+    for k in ckpts[0]:
+        torch.testing.assert_close(ckpts[1][k], ckpts[0][k], rtol=1e-5, atol=1e-7)
     # the default follows --compile
     assert cifar_fpo.resolve_args(cifar_fpo.Args(compile=True)).reuse_old_losses is True
     assert cifar_fpo.resolve_args(cifar_fpo.Args()).reuse_old_losses is False
@@ -379,7 +457,9 @@ def test_cuda_graph_sampler_replays_the_euler_loop():
         pytest.skip("CUDA graphs need a GPU (the fast path's sampler); CPU runs use the plain sampler")
     torch.manual_seed(0)
     net = cifar_fpo.UNet2D.from_config(TINY_UNET).cuda()
-    sampler = cifar_fpo.GraphSampler(net, net, steps=3, convention="sigma")
+    from fpo_utils.cifar_fast import GraphSampler
+
+    sampler = GraphSampler(net, net, steps=3, convention="sigma")
     for _ in range(2):
         lat = torch.randn(4, 3, 32, 32, device="cuda")
         torch.testing.assert_close(sampler(lat), cifar_fpo.sample_images(net, lat, 3, "sigma"))

@@ -1,4 +1,4 @@
-"""Equivalence of cifar_fpo.UNet2D with diffusers' UNet2DModel, and the checkpoint helpers.
+"""Equivalence of fpo_utils.unet.UNet2D with diffusers' UNet2DModel, and the checkpoint helpers.
 
 A randomly initialised diffusers model is saved in its own format, loaded with `load_unet`, and
 both networks must agree on random images and random fractional timesteps.
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-import cifar_fpo as cf
+from fpo_utils import unet as cf
 
 SMALL = dict(
     sample_size=16,
@@ -283,3 +283,26 @@ def test_harmless_config_keys_are_ignored():
     x, t = inputs(16)
     with torch.no_grad():
         assert torch.equal(a(x, t), b(x, t))
+
+
+def test_cifar_fpo_reexports_the_loader_and_saver():
+    import cifar_fpo
+
+    assert cifar_fpo.load_unet is cf.load_unet and cifar_fpo.save_unet is cf.save_unet
+
+
+@pytest.mark.parametrize("damage", ["truncate", "no-config", "bad-config"])
+def test_damaged_model_folder_is_a_one_line_bad_file_error(tmp_path, damage):
+    from fpo_utils.runfolder import EXIT_BAD_FILE, RunError
+
+    cf.save_unet(cf.UNet2D.from_config(SMALL), tmp_path, dtype=torch.float32)
+    weights = tmp_path / "diffusion_pytorch_model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "no-config":
+        (tmp_path / "config.json").unlink()
+    else:
+        (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(RunError) as err:
+        cf.load_unet(tmp_path)
+    assert err.value.code == EXIT_BAD_FILE and "\n" not in str(err.value) and str(tmp_path) in str(err.value)
