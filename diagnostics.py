@@ -49,7 +49,11 @@ import torch
 import tyro
 
 import cifar_fpo
-from weighting import coherence_from_moments
+from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision
+from fpo_utils.runfolder import RunError
+from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images, velocity_losses
+from rewards import make_reward
+from weighting import WeightingRule, coherence_from_moments
 
 # ---------------------------------------------------------------------------------------------
 # Constants
@@ -251,7 +255,13 @@ def _generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(value)
 
 
-def load_cifar_checkpoint(checkpoint: str, device) -> Tuple[cifar_fpo.UNet2D, Dict[str, Any]]:
+def run_alpha(run_args: Dict[str, Any], k: int) -> Optional[float]:
+    """The exponent a cifar_fpo run (its args.json) had in force at update k; None for other rules."""
+    keys = ("alpha", "target", "alpha_early", "alpha_late", "k0", "k1")
+    return WeightingRule(run_args.get("weighting", "fixed"), **{n: run_args[n] for n in keys if n in run_args}).alpha(k)
+
+
+def load_cifar_checkpoint(checkpoint: str, device) -> Tuple[UNet2D, Dict[str, Any]]:
     """Load a generator to measure: a cifar_fpo run folder (its ``checkpoints/last.pt``), a
     checkpoint file inside a run folder, or a diffusers model folder (an initial generator).
     Returns the network (fp32, eval mode) and metadata (update k, alpha, reward, run args)."""
@@ -263,18 +273,15 @@ def load_cifar_checkpoint(checkpoint: str, device) -> Tuple[cifar_fpo.UNet2D, Di
         if not (folder / "args.json").is_file():
             raise ValueError(f"checkpoint {str(path)!r} has no run folder with args.json next to checkpoints/")
         run_args = json.loads((folder / "args.json").read_text())
-        net = cifar_fpo.load_unet(cifar_fpo.resolve_model(run_args["model"]), device=device)
+        net = load_unet(resolve_model(run_args["model"]), device=device)
         ckpt = torch.load(path, map_location=device, weights_only=False)
         net.load_state_dict(ckpt["model"])
         meta = {"source": str(path), "run": folder.name, "k": int(ckpt.get("k", 0)), "run_args": run_args,
-                "alpha": cifar_fpo.current_alpha(cifar_fpo.Args(**{k: (tuple(v) if isinstance(v, list) else v)
-                                                                   for k, v in run_args.items()
-                                                                   if k in cifar_fpo.Args.__dataclass_fields__}),
-                                                 int(ckpt.get("k", 0)))}
+                "alpha": run_alpha(run_args, int(ckpt.get("k", 0)))}
         return net.eval(), meta
     try:
-        net = cifar_fpo.load_unet(cifar_fpo.resolve_model(str(checkpoint)), device=device)
-    except ValueError:
+        net = load_unet(resolve_model(str(checkpoint)), device=device)
+    except (ValueError, RunError):
         raise ValueError(f"--checkpoint {checkpoint!r} is neither a cifar_fpo run folder, a checkpoint file, "
                          f"nor a diffusers model folder") from None
     return net.eval(), {"source": str(checkpoint), "run": Path(checkpoint).name, "k": 0, "run_args": {}, "alpha": None}
@@ -309,7 +316,7 @@ def make_cifar_batches(net, reward_fn, convention: str, n_batches: int, batch_si
     for i in range(n_batches):
         gen = _generator(seed, 1, i)
         latents = torch.randn((batch_size, 3, 32, 32), generator=gen).to(device)
-        x = cifar_fpo.sample_images(net, latents, sample_steps, convention, autocast)
+        x = sample_images(net, latents, sample_steps, convention, autocast)
         with torch.no_grad():
             rewards = reward_fn(x).float()
         adv = cifar_fpo.group_advantages(rewards, group_size, adv_eps)
@@ -336,12 +343,12 @@ def cifar_grad_fn(net, batches: Sequence[DiagBatch], n_bins: int, convention: st
     def grad(k: int):
         i, b = divmod(k, n_bins)
         bt = batches[i]
-        l_new = cifar_fpo.velocity_losses(net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+        l_new = velocity_losses(net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
         if old_net is None:
             l_old = l_new.detach()
         else:
             with torch.no_grad():
-                l_old = cifar_fpo.velocity_losses(old_net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+                l_old = velocity_losses(old_net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
         loss, ratio = cifar_fpo.fpo_loss(l_old, l_new, bt.adv, 1.0, clip_ratio, log_clip)
         if ratio_dev is not None:
             ratio_dev[i] = max(ratio_dev.get(i, 0.0), float((ratio.detach() - 1).abs().max()))
@@ -587,17 +594,17 @@ def run_gram(cmd: Gram) -> Dict[str, Any]:
     if cmd.batch_size % cmd.group_size or cmd.group_size < 2:
         raise ValueError(f"--batch-size {cmd.batch_size} must be a multiple of --group-size {cmd.group_size} (>= 2)")
     t0 = time.perf_counter()
-    device = cifar_fpo.pick_device(cmd.device)
-    if cmd.precision not in cifar_fpo.PRECISIONS:
-        raise ValueError(f"--precision {cmd.precision!r} is not one of {', '.join(cifar_fpo.PRECISIONS)}")
-    autocast = cifar_fpo.set_precision(cmd.precision)
+    device = pick_device(cmd.device)
+    if cmd.precision not in PRECISIONS:
+        raise ValueError(f"--precision {cmd.precision!r} is not one of {', '.join(PRECISIONS)}")
+    autocast = set_precision(cmd.precision)
     net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
     run_args = meta["run_args"]
     convention = run_args.get("convention") or getattr(net, "convention", None) or "sigma"
     reward = cmd.reward or run_args.get("reward") or "auto-a35"
     steps = cmd.sample_steps or run_args.get("sample_steps") or 20
     alpha = cmd.alpha if cmd.alpha is not None else meta["alpha"]
-    reward_fn = cifar_fpo.make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
+    reward_fn = make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
                                       simclr_path=run_args.get("simclr_path"),
                                       clip_model=run_args.get("clip_model", "ViT-B-32"),
                                       clip_pretrained=run_args.get("clip_pretrained"))
@@ -688,7 +695,7 @@ def run_coherence(cmd: Coherence) -> Dict[str, Any]:
     _check_positive(batches=cmd.batches, fit_batch_size=cmd.fit_batch_size, draws=cmd.draws, bins=cmd.bins)
     if cmd.draws < 2 and cmd.fit_batch_size < 2:
         raise ValueError("--draws and --fit-batch-size give fewer than 2 signals per bin; need >= 2")
-    device = cifar_fpo.pick_device(cmd.device)
+    device = pick_device(cmd.device)
     net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
     run_args = meta["run_args"]
     convention = run_args.get("convention") or getattr(net, "convention", None) or "sigma"
@@ -697,7 +704,7 @@ def run_coherence(cmd: Coherence) -> Dict[str, Any]:
                                               batch_size=cmd.fit_batch_size, group_size=cmd.group_size,
                                               coherence_draws=cmd.draws, bins=cmd.bins,
                                               sample_steps=cmd.sample_steps or run_args.get("sample_steps") or 20))
-    reward_fn = cifar_fpo.make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
+    reward_fn = make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
                                       simclr_path=run_args.get("simclr_path"))
     us, vs, rs = [], [], []
     for i in range(cmd.batches):
@@ -786,7 +793,7 @@ def local_response(reward_fn, anchors: torch.Tensor, bands: Sequence[str] = tupl
 class Response:
     """Local reward response of a reward on anchors generated by a model (app:mechanisms)."""
 
-    checkpoint: str = cifar_fpo.DEFAULT_MODEL
+    checkpoint: str = DEFAULT_MODEL
     """Generator of the anchors: diffusers model folder (default: the shipped stand-in), run folder or checkpoint."""
     reward: str = "auto-a35"
     """Reward to probe."""
@@ -806,12 +813,12 @@ class Response:
 
 def run_response(cmd: Response) -> Dict[str, Any]:
     _check_positive(anchors=cmd.anchors, directions=cmd.directions, sample_steps=cmd.sample_steps)
-    device = cifar_fpo.pick_device(cmd.device)
+    device = pick_device(cmd.device)
     net, meta = load_cifar_checkpoint(cmd.checkpoint, device)
     convention = meta["run_args"].get("convention") or getattr(net, "convention", None) or "sigma"
-    reward_fn = cifar_fpo.make_reward(cmd.reward, device=device)
+    reward_fn = make_reward(cmd.reward, device=device)
     latents = torch.randn((cmd.anchors, 3, 32, 32), generator=_generator(cmd.seed, 5)).to(device)
-    anchors = torch.cat([cifar_fpo.sample_images(net, latents[s:s + 256], cmd.sample_steps, convention)
+    anchors = torch.cat([sample_images(net, latents[s:s + 256], cmd.sample_steps, convention)
                          for s in range(0, cmd.anchors, 256)])
     res = local_response(reward_fn, anchors, directions=cmd.directions, seed=cmd.seed)
     info = {"command": "response", "checkpoint": meta["source"], "reward": cmd.reward, "anchors": cmd.anchors,

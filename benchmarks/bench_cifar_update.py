@@ -3,7 +3,7 @@
 One update = 64 samples x 20 Euler steps, old and current velocity losses on 4 draws per sample, one
 backward pass and one Adam step; the validation (4 banks x 128 images x 20 steps every 20 updates,
 app:cifar) is timed separately and amortised over 20 updates. Every mode runs the same code path,
-`cifar_fpo.train_step` and `cifar_fpo.validate`.
+the loop of `cifar_fpo.train` (with a run folder that writes nothing) and `cifar_fpo.validate`.
 
 Modes: `fp32`, `tf32`, `bf16` (eager, `--precision`), and `tf32+compile`, `bf16+compile` (the fast
 path: `--compile`, which also reuses the current forward for the old losses). `peer-<precision>` is
@@ -26,12 +26,11 @@ the card's dense bf16 peak, and the device. `--json PATH` also writes the rows.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -40,6 +39,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cifar_fpo  # noqa: E402
+from fpo_utils import cifar_fast  # noqa: E402
 
 PAPER_UNET = {
     "_class_name": "UNet2DModel",
@@ -136,30 +136,58 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+class NullFolder:
+    """The run-folder calls `cifar_fpo.train` makes, doing nothing: the benchmark times updates only."""
+
+    stop_requested = False
+
+    def log(self, *args, **kwargs):
+        pass
+
+    save_checkpoint = plot_curve = save_images = log
+
+    def write_summary(self, summary):
+        return summary
+
+    def progress(self, total, initial=0, unit="update"):
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, disable=True)
+
+
 def make_run(mode: str, folder: str, args: Args, device):
     """A cifar_fpo Run for one mode; peer modes swap in diffusers' UNet2DModel, eager, as written."""
     peer = mode.startswith("peer-")
     precision = mode.split("+")[0].replace("peer-", "")
     compiled = mode.endswith("+compile")
+    never = 10**9  # validation only at update 0 (in the warm-up), no checkpoints: both are timed apart
     run = cifar_fpo.setup(cifar_fpo.Args(model=folder, reward=args.reward, device=str(device), precision=precision,
                                          compile=compiled, batch_size=args.batch_size, sample_steps=args.sample_steps,
-                                         calib_bank_size=64, verbose=False, save_samples=False))
+                                         calib_bank_size=64, verbose=False, save_samples=False, val_every=never,
+                                         checkpoint_every=never, early_stop=False))
     if peer:
         from diffusers import UNet2DModel
 
         net = DiffusersNet(UNet2DModel.from_pretrained(folder).to(device)).train()
-        run.net, run.fwd = net, net
-        run.old_net = copy.deepcopy(net).eval().requires_grad_(False)
-        run.sampler = cifar_fpo.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast)
+        run.net = net
+        run.paths = cifar_fast.FastPaths(
+            fwd=net, sampler=cifar_fast.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast),
+            old_losses=cifar_fast.FrozenCopyLosses(net, run.convention, run.autocast), fused_adam=False)
         run.optimizer = torch.optim.Adam(net.parameters(), lr=run.args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     return run
+
+
+def run_updates(run, n: int):
+    """n updates of Algorithm 1 through the loop of `cifar_fpo.train`."""
+    run.args = replace(run.args, until=run.k + n)
+    cifar_fpo.train(run, NullFolder())
 
 
 def time_breakdown(run, args: Args, device, reps: int = 5):
     """ms of: one rollout sampling call, one loss forward+backward, one Adam step."""
     n, m = args.batch_size, run.args.mc_draws
     lat = torch.randn(n, 3, 32, 32, device=device)
-    x = run.sampler(lat)
+    x = run.paths.sampler(lat)
     t = torch.rand(n, m, device=device)
     eps = torch.randn(n, m, 3, 32, 32, device=device)
 
@@ -174,9 +202,9 @@ def time_breakdown(run, args: Args, device, reps: int = 5):
 
     def loss_step():
         run.optimizer.zero_grad(set_to_none=True)
-        cifar_fpo.velocity_losses(run.fwd, x, t, eps, run.convention, run.autocast).mean().backward()
+        cifar_fpo.velocity_losses(run.paths.fwd, x, t, eps, run.convention, run.autocast).mean().backward()
 
-    sample_ms = timed(lambda: run.sampler(lat))
+    sample_ms = timed(lambda: run.paths.sampler(lat))
     loss_ms = timed(loss_step)
     adam_ms = timed(run.optimizer.step)
     return sample_ms, loss_ms, adam_ms
@@ -192,16 +220,12 @@ def time_mode(mode: str, folder: str, args: Args, device, gflop: float, peak: Op
     # forward-equivalents actually computed per update: sampling n*S, old losses 4n (unless
     # reused), current losses forward+backward 3*4n, validation 512*S every 20 updates
     fwd_equiv = n * s + (0 if reuse else 4 * n) + 3 * 4 * n + 512 * s / 20
-    for _ in range(args.warmup):
-        cifar_fpo.train_step(run)
-        run.k += 1
+    run_updates(run, args.warmup)
     cifar_fpo.validate(run)
     sync(device)
     warm_s = time.perf_counter() - t_setup
     t0 = time.perf_counter()
-    for _ in range(args.updates):
-        cifar_fpo.train_step(run)
-        run.k += 1
+    run_updates(run, args.updates)
     sync(device)
     step_ms = (time.perf_counter() - t0) / args.updates * 1e3
     t0 = time.perf_counter()
@@ -224,7 +248,7 @@ def main(args: Args):
     if bad:
         raise ValueError(f"--modes {bad} not in {', '.join(MODES)}")
     apply_inductor_setting(args.inductor)
-    device = cifar_fpo.pick_device(args.device)
+    device = cifar_fast.pick_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     rows = []

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import cifar_fpo  # noqa: E402
+from fpo_utils.cifar_fast import pick_device  # noqa: E402
+from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images  # noqa: E402
 import rewards  # noqa: E402
 from cifar10 import load_cifar10  # noqa: E402
 
@@ -43,7 +44,7 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 class Args:
     data: str
     """CIFAR-10 location: a `cifar-10-batches-py` folder or a folder with train.zip/test.zip."""
-    model: str = cifar_fpo.DEFAULT_MODEL
+    model: str = DEFAULT_MODEL
     """Generator folder (diffusers format)."""
     classifier_path: Optional[str] = None
     """Classifier weights (default: the shipped one)."""
@@ -89,8 +90,21 @@ def generate(net, n: int, steps: int, seed: int, batch: int, device, convention)
     out = []
     for s in range(0, n, batch):
         z = torch.randn((min(batch, n - s), 3, 32, 32), generator=gen).to(device)
-        out.append(cifar_fpo.sample_images(net, z, steps, convention))
+        out.append(sample_images(net, z, steps, convention))
     return torch.cat(out)
+
+
+def save_grid(images: torch.Tensor, path: Path, nrow: int = 8):
+    """Images in [-1, 1] (N, 3, H, W) as one PNG grid with 2-pixel white gutters."""
+    from PIL import Image
+
+    x = ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
+    n, h, w, _ = x.shape
+    grid = np.full((-(-n // nrow) * (h + 2) + 2, nrow * (w + 2) + 2, 3), 255, dtype=np.uint8)
+    for i in range(n):
+        r, c = divmod(i, nrow)
+        grid[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = x[i]
+    Image.fromarray(grid).save(path)
 
 
 def to_tensor(u8: np.ndarray, device) -> torch.Tensor:
@@ -98,7 +112,7 @@ def to_tensor(u8: np.ndarray, device) -> torch.Tensor:
 
 
 def main(args: Args) -> dict:
-    device = cifar_fpo.pick_device(args.device)
+    device = pick_device(args.device)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -110,14 +124,14 @@ def main(args: Args) -> dict:
     f_test, _ = features_and_classes(clf, to_tensor(test_u8, device))
     f_train, _ = features_and_classes(clf, to_tensor(train_u8[subset], device))
 
-    net = cifar_fpo.load_unet(cifar_fpo.resolve_model(args.model), device=device)
+    net = load_unet(resolve_model(args.model), device=device)
     convention = net.convention
     samples = generate(net, args.n, args.sample_steps, args.seed, args.batch_size, device, convention)
     f_gen, cls_gen = features_and_classes(clf, samples)
-    cifar_fpo.save_grid(samples[:64].cpu(), out / "samples.png")
+    save_grid(samples[:64].cpu(), out / "samples.png")
 
     torch.manual_seed(args.seed)
-    untrained = cifar_fpo.UNet2D.from_config(net.config).to(device).eval()
+    untrained = UNet2D.from_config(net.config).to(device).eval()
     f_untrained, _ = features_and_classes(clf, generate(untrained, args.n, args.sample_steps, args.seed,
                                                         args.batch_size, device, convention))
     hist = np.bincount(cls_gen, minlength=10) / len(cls_gen)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from cifar10 import load_cifar10  # noqa: E402
 
-import cifar_fpo as cf  # noqa: E402
+from fpo_utils import unet as cf  # noqa: E402
 
 
 @dataclass

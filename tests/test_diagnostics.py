@@ -243,7 +243,7 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("diag")
     torch.manual_seed(0)
     cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(TINY_UNET), root / "model", dtype=torch.float32)
-    args = cifar_fpo.Args(preset="quick", reward="red-patch", device="cpu", batch_size=4, group_size=2, mc_draws=2,
+    args = replace(cifar_fpo.PRESETS["quick"], reward="red-patch", device="cpu", batch_size=4, group_size=2, mc_draws=2,
                           sample_steps=2, val_every=1, val_banks=1, val_bank_size=4, calib_bank_size=4,
                           fit_batch_size=4, learning_rate=1e-3, num_updates=1, verbose=False, save_samples=False,
                           model=str(root / "model"), run_name="tiny", runs_dir=str(root / "runs"), alpha=-2.0)

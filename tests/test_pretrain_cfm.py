@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import cifar_fpo as cf
+from fpo_utils import unet as cf
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--block-out-channels", "8", "16", "--norm-num-groups", "4", "--batch-size", "16", "--lr", "3e-3",

@@ -573,3 +573,110 @@ def test_paper_constants():
     assert W.ETA_GRID == (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     assert W.EMA_DECAY == 0.8 and W.ONLINE_KAPPA == 300.0
     assert W.FPO_S_GRID == (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule object a trainer asks for its plan at update k
+# ----------------------------------------------------------------------------------------------
+
+
+def _moments(seed, bins=B):
+    g = np.random.default_rng(seed)
+    return g.normal(0.5, 1.0, bins), g.uniform(1.0, 2.0, bins)
+
+
+def test_rule_fixed_target_and_schedule_plans():
+    rng = np.random.default_rng(0)
+    bank = rng.uniform(0.1, 1.0, (16, B))
+    rule = W.WeightingRule("fixed", alpha=-2.0, bank_losses=bank, g=1.5)
+    p = rule.plan(7)
+    np.testing.assert_allclose(p.q, W.profile_probs(W.alpha_profile(-2.0)))
+    q_x0 = W.profile_probs(W.target_profile("x0"))
+    assert p.scale == pytest.approx(W.calibration_scale(bank, p.q, q_x0, 1.5))
+    assert rule.c_ref == pytest.approx(W.calibration_S(bank, q_x0)) and rule.alpha(7) == -2.0
+    assert not rule.wants_fit(-1) and not rule.wants_fit(3)
+    rule = W.WeightingRule("fixed", alpha=-2.0, target="eps", estimator="q+Z")
+    np.testing.assert_allclose(rule.plan(0).q, W.profile_probs(W.target_profile("eps")))
+    assert rule.alpha(0) is None
+    rule = W.WeightingRule("schedule", alpha_early=-3.0, alpha_late=1.0, k0=1, k1=3, estimator="explicit")
+    assert [rule.alpha(k) for k in range(5)] == [-3.0, -3.0, -1.0, 1.0, 1.0]
+    np.testing.assert_allclose(rule.plan(2).draw_weights, W.alpha_profile(-1.0))
+    np.testing.assert_allclose(rule.plan(4).draw_weights, np.ones(B), rtol=1e-12)
+
+
+def test_rule_static_fits_once_on_the_initial_model():
+    U, V = _moments(1)
+    for name, expect in (("static-softmax", W.static_softmax(W.coherence_from_moments(U, V), 0.5)),
+                         ("static-direct", W.static_direct(W.coherence_from_moments(U, V)))):
+        rule = W.WeightingRule(name, eta=0.5, estimator="q+Z")
+        assert rule.wants_fit(-1) and not rule.wants_fit(0)
+        with pytest.raises(ValueError, match="observe"):
+            rule.plan(0)
+        out = rule.observe(-1, U, V)
+        np.testing.assert_allclose(out["coherence"], W.coherence_from_moments(U, V))
+        np.testing.assert_allclose(rule.plan(0).q, W.profile_probs(expect))
+        assert not rule.wants_fit(-1)  # fitted: never again
+
+
+def test_rule_online_ema_deploys_each_fit_at_the_next_update():
+    rule = W.WeightingRule("online-ema", online_kappa=50.0, online_decay=0.8, estimator="q+Z")
+    np.testing.assert_allclose(rule.plan(0).q, np.full(B, 1 / B))
+    assert W.WeightingRule("online-ema", online_init="x0").profile.tolist() == W.target_profile("x0").tolist()
+    state = None
+    for k in range(3):
+        assert rule.wants_fit(k)
+        U, V = _moments(10 + k)
+        rule.observe(k, U, V)
+        state = W.ema_moments_update(state, U, V, decay=0.8)
+        np.testing.assert_allclose(rule.plan(k + 1).q, W.profile_probs(W.online_ema_profile(W.ema_coherence(state), 50.0)))
+
+
+def test_rule_online_refit_replaces_the_profile_every_refit_every_updates():
+    rule = W.WeightingRule("online-refit", refit_every=2, refit_eta=0.75, estimator="q+Z")
+    x0 = W.profile_probs(W.target_profile("x0"))
+    (U0, V0), (U1, V1) = _moments(20), _moments(21)
+    assert rule.observe(0, U0, V0) == {}
+    np.testing.assert_allclose(rule.plan(1).q, x0)
+    out = rule.observe(1, U1, V1)
+    c = np.clip(W.coherence_from_moments((U0 + U1) / 2, (V0 + V1) / 2), 0, 1)
+    np.testing.assert_allclose(out["coherence"], c)
+    np.testing.assert_allclose(rule.plan(2).q, W.profile_probs(W.refit_profile(c, 0.75)))
+    assert rule.window == []  # the window resets after each refit
+
+
+@pytest.mark.parametrize("name", W.WEIGHTINGS)
+def test_rule_state_dict_is_plain_and_resumes_exactly(name):
+    import json
+
+    bank = np.random.default_rng(3).uniform(0.1, 1.0, (8, B))
+    kw = dict(refit_every=2, bank_losses=bank)
+    a = W.WeightingRule(name, **kw)
+    if a.wants_fit(-1):
+        a.observe(-1, *_moments(30))
+    for k in range(3):
+        if a.wants_fit(k):
+            a.observe(k, *_moments(31 + k))
+    state = json.loads(json.dumps(a.state_dict()))  # plain lists and numbers only
+    b = W.WeightingRule(name, refit_every=2)
+    b.load_state_dict(state)
+    for k in range(3, 6):
+        pa, pb = a.plan(k), b.plan(k)
+        assert pa.q.tolist() == pb.q.tolist() and pa.scale == pb.scale
+        if a.wants_fit(k):
+            m = _moments(40 + k)
+            assert a.observe(k, *m) == b.observe(k, *m)
+    with pytest.raises(ValueError, match="weighting"):
+        W.WeightingRule("fixed" if name != "fixed" else "schedule").load_state_dict(state)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(weighting="magic"), "weighting='magic' is not one of"),
+    (dict(estimator="q+x"), "estimator="),
+    (dict(target="z"), "target='z'"),
+    (dict(online_init="eps"), "online_init="),
+    (dict(weighting="schedule", k0=5, k1=2), "k1=2 < k0=5"),
+])
+def test_rule_rejects_bad_settings_in_one_line(kw, message):
+    with pytest.raises(ValueError, match=message.replace("+", r"\+")) as err:
+        W.WeightingRule(**kw)
+    assert "\n" not in str(err.value)
