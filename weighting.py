@@ -1,7 +1,9 @@
 """Timestep-weighting profiles, time sampling, loss calibration and data-driven rules.
 
 Small, pure functions shared by the trainers (``cifar_fpo.py``, ``robot_fpo.py``) and the
-analysis tools. Nothing here holds training state; every result is a function of its arguments.
+analysis tools; every result is a function of its arguments. The one exception is
+:class:`WeightingRule`, the image trainer's weighting state: it asks the pure functions for the
+profile and plan at update ``k`` and is told what each coherence fit measured.
 
 Conventions
 -----------
@@ -40,6 +42,8 @@ Robotics profiles (app:robotics, eq:fpo-effective)
     :func:`fpopp_weight`.
 ELBO view (app:augmentation)
     :func:`log_snr`, :func:`kingma_gao_W`, :func:`satisfies_elbo_condition`.
+The rule object (fixed, target, schedule, static, online EMA, refit; calibration bank)
+    :data:`WEIGHTINGS`, :class:`WeightingRule`.
 """
 
 from __future__ import annotations
