@@ -288,6 +288,26 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
     proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e",
                        "--resume", "--alpha", "-2"], cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "alpha: 0.0 -> -2.0" in proc.stderr.strip().splitlines()[-1]
+    # a truncated checkpoint: one line naming it and the bad-file exit code, the folder left as it was
+    ckpt_path = folder / "checkpoints" / "last.pt"
+    ckpt_path.write_bytes(ckpt_path.read_bytes()[:1000])
+    before = sorted(p.name for p in folder.rglob("*"))
+    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e", "--resume"],
+                      cwd=tmp_path, check=False)
+    assert proc.returncode == 4 and len(proc.stderr.strip().splitlines()) == 1 and "last.pt" in proc.stderr
+    assert sorted(p.name for p in folder.rglob("*")) == before
+
+
+def test_truncated_model_is_a_bad_file_error_and_leaves_no_folder(tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    weights = model / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:2000])
+    proc = run_script([*TINY_FLAGS, "--model", str(model), "--run-name", "bad"], cwd=tmp_path, check=False)
+    assert proc.returncode == 4 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert str(weights) in proc.stderr and not (tmp_path / "runs" / "bad").exists()
 
 
 def test_default_run_name_says_what_the_run_is():
