@@ -13,7 +13,7 @@ vectorised gymnasium environments. Two actor objectives are selected with ``--ob
 
 ``fpopp`` (eq:fpopp-objective)
     Per-draw velocity loss ``l = |v - u|^2 / sqrt(d)`` with the native loss clamps
-    (old loss <= 20; current loss <= 20 where A < 0), a straight-through upper clamp on the
+    (old and current loss <= 20), a straight-through upper clamp on the
     loss difference, per-draw ratios, and the ASPO trust region (PPO where A > 0, SPO where
     A <= 0). The weight ``w_alpha(t)`` multiplies the per-draw proxy AFTER exponentiation.
     Flow time ``t ~ U[0.005, 0.995]``; evaluation integrates from zero initial noise (and,
@@ -242,7 +242,7 @@ class Args:
     trust_region: Literal["aspo", "ppo", "spo"] = "aspo"
     """FPO++ per-draw trust-region proxy"""
     loss_clamp: float = 20.0
-    """FPO++ upper clamp on the old loss and on the current loss where A < 0"""
+    """FPO++ upper clamp on both the old and the current loss (and again on the current loss where A < 0)"""
     ratio_log_clamp: float = 10.0
     """FPO++ straight-through upper clamp on l_old - l_theta"""
     adv_clamp: float = 100.0
@@ -588,14 +588,17 @@ def fpopp_loss(
 ):
     """FPO++ actor loss (eq:fpopp-objective); weight outside the per-draw proxy.
 
-    ``l_old <- min(l_old, c)``; ``l_new <- min(l_new, c)`` where ``A < 0``;
+    ``l_old <- min(l_old, c)`` and ``l_new <- min(l_new, c)`` (both, always), then
+    ``l_new <- min(l_new, c)`` again where ``A < 0`` (the official FPO++ code's second clamp,
+    ``cfm_loss_clamp_negative_advantages_max``, has the same bound 20 by default);
     ``r_im = exp(C_STE(l_old - l_new))``; ``L = -1/(nM) sum w_alpha(t_im) P_TR(r_im, A_i)``.
     ``adv`` is the already normalised and clamped advantage; ``w`` optionally passes the weights
     ``w_alpha(t)`` computed beforehand. Returns (loss, ratio (n, M)).
     """
     a = adv.unsqueeze(-1).expand_as(l_new)
     l_old_c = l_old.clamp(max=loss_clamp)
-    l_new_c = torch.where(a < 0, l_new.clamp(max=loss_clamp), l_new)
+    l_new_c = l_new.clamp(max=loss_clamp)
+    l_new_c = torch.where(a < 0, l_new_c.clamp(max=loss_clamp), l_new_c)
     ratio = torch.exp(straight_through_upper_clamp(l_old_c - l_new_c, ratio_log_clamp))
     if w is None:
         w = fpopp_weight(t, alpha, t_min, t_max)

@@ -86,7 +86,7 @@ def test_fpopp_loss_matches_hand_computation(mode):
     adv = np.array([0.9, -1.3, 2.0])
     alpha, rho = 0.5, 0.05
     lo = np.minimum(l_old, 20.0)
-    ln = np.where(adv[:, None] < 0, np.minimum(l_new, 20.0), l_new)
+    ln = np.minimum(l_new, 20.0)
     r = np.exp(np.minimum(lo - ln, 10.0))
     a = np.broadcast_to(adv[:, None], r.shape)
     if mode == "ppo":
@@ -139,12 +139,27 @@ def test_straight_through_clamp_value_and_identity_gradient():
     assert l_new.grad.item() == pytest.approx(expected, rel=1e-9)
 
 
-def test_fpopp_negative_advantage_clamp_on_current_loss():
+def test_fpopp_clamps_both_losses_whatever_the_advantage_sign():
+    # Both losses are clamped at 20 for either sign of A (official FPO++: cfm_loss_clamp = 20, then
+    # cfm_loss_clamp_negative_advantages_max = 20 where A < 0), so l_new = 30 counts as 20.
     l_old = torch.tensor([[1.0], [1.0]], dtype=torch.float64)
     l_new = torch.tensor([[30.0], [30.0]], dtype=torch.float64, requires_grad=True)
     t, adv = torch.tensor([[0.5], [0.5]]), torch.tensor([1.0, -1.0])
     _, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, 0.05, "spo")
-    np.testing.assert_allclose(ratio.detach().numpy()[:, 0], [math.exp(-29.0), math.exp(-19.0)])
+    np.testing.assert_allclose(ratio.detach().numpy()[:, 0], [math.exp(-19.0), math.exp(-19.0)])
+
+
+def test_fpopp_clamp_official_example_positive_advantage():
+    # l_old = 15, l_new = 25, A = +1, t = .5: ratio exp(15 - 20) = exp(-5) = 6.74e-3 and no gradient
+    # reaches l_new through the clamp (the unclamped value would give exp(-10)).
+    l_old = torch.tensor([[15.0]], dtype=torch.float64)
+    l_new = torch.tensor([[25.0]], dtype=torch.float64, requires_grad=True)
+    t, adv = torch.tensor([[0.5]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    loss, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, 0.05, "aspo")
+    assert ratio.item() == pytest.approx(math.exp(-5.0), rel=1e-12)
+    assert ratio.item() == pytest.approx(6.74e-3, rel=1e-3)
+    loss.backward()
+    assert l_new.grad.item() == 0.0
 
 
 def test_draw_losses_are_noise_and_velocity_residuals():
