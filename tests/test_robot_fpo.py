@@ -475,3 +475,88 @@ def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective):
         assert_same_networks(a, b, rtol=1e-5, atol=1e-5)
     assert isinstance(b.optimizer.param_groups[0]["lr"], float) and not b.optimizer.param_groups[0]["capturable"]
 
+
+
+# ---------------------------------------------------------------------------- presets, errors, signals
+
+
+def test_presets_resolve_and_args_json_records_every_value(tmp_path):
+    import tyro
+
+    fpo = tyro.cli(R.Args, default=R.PRESETS["fpo"], args=["--seed", "4"])
+    # Official FPO FpoConfig: 2048 envs x 480 steps = 983,040 (one block per update), 16 x 32 minibatches.
+    assert fpo.num_envs * fpo.num_steps == 983_040 == fpo.block_size
+    assert fpo.num_envs * fpo.num_steps // fpo.num_minibatches == 30_720
+    assert (fpo.update_epochs, fpo.learning_rate, fpo.gamma, fpo.reward_scale, fpo.max_grad_norm, fpo.seed) == (16, 3e-4, 0.995, 10.0, 0.0, 4)
+    assert fpo.total_timesteps // (fpo.num_envs * fpo.num_steps) == 61 and fpo.eval_episodes == 128
+    fpopp = R.PRESETS["fpopp"]
+    assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == ("fpopp", 1e-4, 1e-4, 16, 64)
+    assert (fpopp.update_epochs, fpopp.num_minibatches, fpopp.gamma, fpopp.vf_coef, fpopp.max_grad_norm, fpopp.actor_ema) == (16, 4, 0.99, 1.0, 1.0, 0.95)
+    # A tiny run from the fpo preset: args.json holds every resolved field, the preset's included.
+    small = dict(env_id="InvertedPendulum-v5", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_draws=2,
+                 flow_steps=2, actor_hidden=8, critic_hidden=8, eval_every=1, eval_episodes=1, num_updates=1, cuda=False,
+                 runs_dir=str(tmp_path))
+    summary = R.main(replace(fpo, **small))
+    folder = tmp_path / "InvertedPendulum-v5__fpo__alpha_eps1.0__fpo__4"
+    saved = json.loads((folder / "args.json").read_text())
+    assert set(saved) == set(R.Args.__dataclass_fields__)
+    assert saved["preset"] == "fpo" and saved["reward_scale"] == 10.0 and saved["critic_act"] == "silu"
+    assert saved["critic_layers"] == 5 and summary["status"] == "finished"
+
+
+def run_cli(tmp_path, *flags):
+    env = dict(os.environ, MUJOCO_GL="disable")
+    return subprocess.run([sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path / "runs"),
+                           "--no-cuda", *flags], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
+    out = run_cli(tmp_path, "--env-id", "Walker2d-v9")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "Walker2d-v9" in out.stderr and "Walker2d-v5" in out.stderr  # close matches
+    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--num-envs", "0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "num_envs" in out.stderr, out.stderr
+    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--backend", "envpol")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "envpool" in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_missing_backend_is_a_one_line_error(monkeypatch):
+    import importlib.util
+
+    import fpo_utils.envs as E
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("envpool", "fpo_utils.playground")) else real(name, *a))
+    with pytest.raises(RunError, match=r"pip install -e '\.\[envpool\]'"):
+        E.make_envs("CartpoleSwingup-v1", 2, 0, "envpool")
+    with pytest.raises(RunError, match="playground"):
+        E.make_envs("CartpoleSwingup", 2, 0, "playground")
+    assert E.resolve_backend("InvertedPendulum-v5", "auto") == "gymnasium"  # auto falls back without envpool
+
+
+def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, monkeypatch):
+    import signal
+
+    full = tiny_args(tmp_path / "a", num_updates=4)
+    R.main(full)
+    ref = read_rows(tmp_path / "a" / "run" / "metrics.jsonl")
+    real, calls = R.collect_rollout, {"n": 0}
+
+    def interrupted(state, args):  # Ctrl-C during the first update's rollout
+        calls["n"] += 1
+        if calls["n"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(state, args)
+
+    monkeypatch.setattr(R, "collect_rollout", interrupted)
+    part = tiny_args(tmp_path / "b", num_updates=4)
+    summary = R.main(part)
+    assert summary["status"] == "interrupted" and summary["updates_done"] == 2  # the next checkpoint boundary
+    monkeypatch.setattr(R, "collect_rollout", real)
+    with pytest.raises(RunError, match="already holds a checkpoint"):
+        R.main(part)
+    with pytest.raises(RunError, match="learning_rate"):
+        R.main(replace(part, resume=True, learning_rate=1e-3))
+    assert R.main(replace(part, resume=True))["status"] == "finished"
+    assert strip_time(read_rows(tmp_path / "b" / "run" / "metrics.jsonl")) == strip_time(ref)
