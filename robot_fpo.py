@@ -1,34 +1,22 @@
 """FPO and FPO++ flow policies trained from scratch on MuJoCo / DeepMind Control tasks.
 
-A single-file, CleanRL-style trainer (compare CleanRL's ``ppo_continuous_action.py``): a flow
-policy (an MLP on the normalised observation, the noisy action and a time embedding, sampled with
-Euler steps), a value network, GAE and vectorised environments (envpool, gymnasium or MuJoCo
-Playground, ``fpo_utils/envs.py``). ``--objective`` picks the actor objective:
-
-``fpo`` (eq:fpo-objective): noise-target residual ``l = |eps_hat - eps|^2 / d`` on the grid
-    ``s = 1 - t in {0.1, ..., 1.0}``; the weight sits INSIDE the exponent,
-    ``r_i = exp(1/M sum_m w_alpha_eps(s_im) (l_old - l_theta)_im)``, PPO clip. ``--alpha-eps 1``
-    is native FPO.
-``fpopp`` (eq:fpopp-objective): velocity residual ``l = |v - u|^2 / sqrt(d)``, both losses
-    clamped at 20, a straight-through clamp on their difference, per-draw ratios and the ASPO
-    trust region; the weight ``w_alpha(t)`` multiplies the per-draw proxy AFTER the exponential.
-    ``--alpha 1`` is native FPO++.
-
-Conventions: ``t = 0`` is noise and ``t = 1`` the action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``.
-The environment receives ``tanh(x)`` (or ``x`` clipped) rescaled to the action box; ``x`` is stored.
-
-Presets (``--preset``): ``default`` (gymnasium-scale settings for a CPU: 64 environments x 64
-steps), ``fpo`` (the official FPO code's ``FpoConfig``, app:robotics: one update = one block of
-983,040 steps) and ``fpopp`` (the official FPO++ defaults). Measured results and the tuning
-history: ``benchmarks/robot_results/README.md``.
-
-Run folder ``runs/<run_name>/`` (``fpo_utils/runfolder.py``): args.json, metrics.jsonl (one row
-per update), TensorBoard scalars, summary.json, curve.png (evaluation return vs steps) and
-checkpoints/last.pt. Simulator state is not checkpointed; instead every checkpoint is a boundary
-at which all environments restart from seeds derived from (seed, update), in an uninterrupted
-run as after ``--resume``, which therefore reproduces the uninterrupted run exactly (CPU). Ctrl-C
-or SIGTERM stops at the next checkpoint boundary (a second signal stops at once); a non-finite
-update keeps the last good checkpoint and ends with status ``nonfinite`` (exit code 3).
+A single-file, CleanRL-style trainer (compare CleanRL's ``ppo_continuous_action.py``): a flow policy
+(MLP on the normalised observation, the noisy action and a time embedding; Euler sampling), a value
+network, GAE and vectorised environments (envpool, gymnasium or MuJoCo Playground: fpo_utils/envs.py).
+``--objective fpo`` (eq:fpo-objective): noise-target residuals on the grid s = 1 - t in {.1, ..., 1},
+the weight INSIDE the exponent, ``r_i = exp(1/M sum_m w_alpha_eps(s_im) (l_old - l_theta)_im)``, PPO
+clip. ``--objective fpopp`` (eq:fpopp-objective): velocity residuals, clamped losses, per-draw ratios,
+ASPO; the weight ``w_alpha(t)`` multiplies the per-draw proxy AFTER the exponential. alpha = 1 is native.
+Conventions: ``t = 0`` is noise and ``t = 1`` the action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``;
+the environment gets ``tanh(x)`` (or x clipped) in [-1, 1], rescaled to its box; x is stored.
+Presets (``--preset``): ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO,
+app:robotics: one update = one block of 983,040 steps) and ``fpopp`` (official FPO++ defaults).
+Run folder (``fpo_utils/runfolder.py``): args.json, metrics.jsonl, TensorBoard scalars, summary.json,
+curve.png, checkpoints/last.pt. Simulator state is not checkpointed: at every checkpoint all
+environments restart from seeds derived from (seed, update), in an uninterrupted run as after
+``--resume``, which therefore reproduces it exactly (CPU). Ctrl-C / SIGTERM stop at the next
+checkpoint (a second signal at once); a non-finite update keeps the last good checkpoint (exit 3).
+Measured results and tuning history: ``benchmarks/robot_results/README.md``.
 
     python robot_fpo.py --env-id CartpoleSwingup-v1 --objective fpopp --alpha 0.5
     python robot_fpo.py --preset fpo --env-id WalkerRun-v1 --alpha-eps 0.5
@@ -46,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fpo_utils.envs import make_envs, resolve_backend
+from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend
 from fpo_utils.fast import GraphedStep, NumpySampler
 from fpo_utils.runfolder import RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
@@ -56,156 +44,101 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    preset: Literal["default", "fpo", "fpopp"] = "default"
-    """named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)"""
-    runs_dir: str = "runs"
-    """parent folder of the run folders"""
-    run_name: str = ""
-    """run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)"""
-    seed: int = 1
-    """seed of the experiment"""
-    resume: bool = False
-    """continue the run in ``runs/<run_name>`` from its checkpoint"""
-    track: bool = False
-    """also send the scalars to Weights & Biases"""
-    cuda: bool = True
-    """use the GPU for the networks when one is present"""
-    cuda_graph: bool = True
-    """on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU or with --target-kl)"""
-    torch_threads: int = 1
-    """``torch.set_num_threads`` (0 keeps torch's default)"""
-    torch_deterministic: bool = True
-    """sets ``torch.backends.cudnn.deterministic``"""
+    """Flags. Where the paper leaves a choice open, the ``fpo`` preset does what the official FPO code
+    (akanazawa/fpo, ``playground/``) does: Adam (eps 1e-8, no weight decay, constant lr), rewards x 10
+    without reward normalisation, SiLU in both networks, the sampled action stored unclamped and
+    tanh(x) sent to the environment, advantages normalised per minibatch, value loss 0.25 x MSE, 8
+    draws stored at rollout time and averaged before the exponential. Still different here: GAE runs
+    over the whole 480-step rollout with the rollout's critic (official: per 30-step unroll inside each
+    minibatch, with the current critic, truncated steps left out of the value loss); observation
+    statistics are updated every step and clipped at +-10 (official: once per update, unclipped); time
+    embedding frequencies pi 2^k (official 2^k); torch's default Linear init (official lecun-uniform).
+    The ``fpopp`` preset takes the official FPO++ defaults (both losses clamped at 20, the current one
+    again where A < 0, difference clamp 10, advantage clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1,
+    actor EMA .95 after 500 updates, used here for evaluation); its environments, rollout length and
+    network sizes are this project's choice."""
+
+    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
+    runs_dir: str = "runs"  # parent folder of the run folders
+    run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
+    seed: int = 1  # seed of the experiment
+    resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
+    track: bool = False  # also send the scalars to Weights & Biases
+    cuda: bool = True  # use the GPU for the networks when one is present
+    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU or with --target-kl)
+    torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
+    torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
     # Environment
-    env_id: str = "HalfCheetah-v5"
-    """envpool id (``Walker2d-v5``, ``WalkerRun-v1``, ...), a gymnasium id, or a Playground task name"""
-    backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"
-    """auto: envpool for the ids it has, else gymnasium; playground: MuJoCo Playground on the GPU"""
-    num_envs: int = 64
-    """parallel environments"""
-    env_threads: int = 0
-    """envpool threads (0: one per core)"""
-    episode_length: int = 1000
-    """time limit of the playground backend (envpool and gymnasium use the id's own limit)"""
-    norm_obs: bool = True
-    """running observation normalisation (app:robotics)"""
-    norm_reward: bool = True
-    """divide rewards by the running std of the discounted return (CleanRL)"""
-    reward_scale: float = 1.0
-    """multiply rewards by this (official FPO: 10)"""
+    env_id: str = "HalfCheetah-v5"  # envpool id (``Walker2d-v5``, ``WalkerRun-v1``, ...), a gymnasium id, or a Playground task name
+    backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"  # auto: envpool for the ids it has, else gymnasium; playground: MuJoCo Playground on the GPU
+    num_envs: int = 64  # parallel environments
+    env_threads: int = 0  # envpool threads (0: one per core)
+    episode_length: int = 1000  # time limit of the playground backend (envpool and gymnasium use the id's own limit)
+    norm_obs: bool = True  # running observation normalisation (app:robotics)
+    norm_reward: bool = True  # divide rewards by the running std of the discounted return (CleanRL)
+    reward_scale: float = 1.0  # multiply rewards by this (official FPO: 10)
 
     # Algorithm
-    objective: Literal["fpo", "fpopp"] = "fpo"
-    """actor objective: FPO (eq:fpo-objective) or FPO++ (eq:fpopp-objective)"""
-    total_timesteps: int = 1_000_000
-    """environment steps of the run"""
-    num_updates: int = 0
-    """stop after this many updates in total (0: total_timesteps // batch size)"""
-    num_steps: int = 64
-    """rollout length per environment per update"""
-    learning_rate: float = 6e-4
-    """Adam(W) learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly over total_timesteps to a floor of 5%"""
-    anneal_steps: int = 0
-    """environment steps of the anneal (0: total_timesteps)"""
-    weight_decay: float = 0.0
-    """decoupled weight decay (AdamW)"""
-    adam_eps: float = 1e-5
-    """Adam epsilon"""
-    gamma: float = 0.99
-    """discount factor"""
-    gae_lambda: float = 0.95
-    """GAE lambda"""
-    num_minibatches: int = 16
-    """minibatches per epoch"""
-    update_epochs: int = 4
-    """epochs over each rollout"""
-    norm_adv: bool = True
-    """normalise advantages (per minibatch for FPO, over the rollout for FPO++)"""
-    clip_coef: float = 0.05
-    """trust-region width rho (0.05 in both official codes)"""
-    vf_coef: float = 0.25
-    """coefficient of the value loss (mean squared error)"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip (<= 0 disables)"""
-    target_kl: float = 0.0
-    """stop the update when a minibatch's approximate KL mean((r - 1) - log r) exceeds this (<= 0 off)"""
+    objective: Literal["fpo", "fpopp"] = "fpo"  # actor objective: FPO (eq:fpo-objective) or FPO++ (eq:fpopp-objective)
+    total_timesteps: int = 1_000_000  # environment steps of the run
+    num_updates: int = 0  # stop after this many updates in total (0: total_timesteps // batch size)
+    num_steps: int = 64  # rollout length per environment per update
+    learning_rate: float = 6e-4  # Adam(W) learning rate
+    anneal_lr: bool = True  # anneal the learning rate linearly over total_timesteps to a floor of 5%
+    anneal_steps: int = 0  # environment steps of the anneal (0: total_timesteps)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW)
+    adam_eps: float = 1e-5  # Adam epsilon
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # GAE lambda
+    num_minibatches: int = 16  # minibatches per epoch
+    update_epochs: int = 4  # epochs over each rollout
+    norm_adv: bool = True  # normalise advantages (per minibatch for FPO, over the rollout for FPO++)
+    clip_coef: float = 0.05  # trust-region width rho (0.05 in both official codes)
+    vf_coef: float = 0.25  # coefficient of the value loss (mean squared error)
+    max_grad_norm: float = 0.5  # global gradient-norm clip (<= 0 disables)
+    target_kl: float = 0.0  # stop the update when a minibatch's approximate KL mean((r - 1) - log r) exceeds this (<= 0 off)
 
     # Flow policy
-    num_draws: int = 8
-    """(t, eps) draws M per stored action"""
-    flow_steps: int = 10
-    """Euler steps of the sampler"""
-    actor_hidden: int = 64
-    """width of the flow MLP"""
-    actor_layers: int = 3
-    """hidden layers of the flow MLP"""
-    critic_hidden: int = 64
-    """width of the value MLP"""
-    critic_layers: int = 2
-    """hidden layers of the value MLP"""
-    critic_act: Literal["tanh", "silu"] = "tanh"
-    """activation of the value MLP"""
-    time_embed_dim: int = 8
-    """sinusoidal time-embedding size (even)"""
-    output_scale: float = 0.25
-    """scale on the velocity output (official FPO: 0.25, FPO++: 1.0)"""
-    action_squash: Literal["clip", "tanh"] = "tanh"
-    """how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]"""
-    action_bound: float = 3.0
-    """clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded"""
-    actor_ema: float = 0.0
-    """decay of an EMA copy of the actor used for evaluation (0 disables; official FPO++: 0.95)"""
-    ema_warmup: int = 500
-    """updates before the EMA starts averaging (before: it copies the actor)"""
+    num_draws: int = 8  # (t, eps) draws M per stored action
+    flow_steps: int = 10  # Euler steps of the sampler
+    actor_hidden: int = 64  # width of the flow MLP
+    actor_layers: int = 3  # hidden layers of the flow MLP
+    critic_hidden: int = 64  # width of the value MLP
+    critic_layers: int = 2  # hidden layers of the value MLP
+    critic_act: Literal["tanh", "silu"] = "tanh"  # activation of the value MLP
+    time_embed_dim: int = 8  # sinusoidal time-embedding size (even)
+    output_scale: float = 0.25  # scale on the velocity output (official FPO: 0.25, FPO++: 1.0)
+    action_squash: Literal["clip", "tanh"] = "tanh"  # how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]
+    action_bound: float = 3.0  # clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded
+    actor_ema: float = 0.0  # decay of an EMA copy of the actor used for evaluation (0 disables; official FPO++: 0.95)
+    ema_warmup: int = 500  # updates before the EMA starts averaging (before: it copies the actor)
 
     # Timestep weighting and schedules
-    alpha_eps: float = 1.0
-    """FPO exponent: w(s) proportional to s^(2(1-alpha_eps)); 1 is native (app:robotics)"""
-    alpha: float = 1.0
-    """FPO++ exponent: w(t) proportional to (1-t)^(2(1-alpha)); 1 is native (app:robotics)"""
-    alpha_early: float | None = None
-    """schedule start value of the objective's exponent (with --alpha-late, app:schedules)"""
-    alpha_late: float | None = None
-    """schedule end value of the objective's exponent"""
-    k0: float = 12.0
-    """schedule start, in training blocks (robotics A20/W5 schedules: 12)"""
-    k1: float = 36.0
-    """schedule end, in training blocks (robotics A20/W5 schedules: 36)"""
-    block_size: int = 983_040
-    """environment steps per training block (app:robotics); indexes schedules"""
+    alpha_eps: float = 1.0  # FPO exponent: w(s) proportional to s^(2(1-alpha_eps)); 1 is native (app:robotics)
+    alpha: float = 1.0  # FPO++ exponent: w(t) proportional to (1-t)^(2(1-alpha)); 1 is native (app:robotics)
+    alpha_early: float | None = None  # schedule start value of the objective's exponent (with --alpha-late, app:schedules)
+    alpha_late: float | None = None  # schedule end value of the objective's exponent
+    k0: float = 12.0  # schedule start, in training blocks (robotics A20/W5 schedules: 12)
+    k1: float = 36.0  # schedule end, in training blocks (robotics A20/W5 schedules: 36)
+    block_size: int = 983_040  # environment steps per training block (app:robotics); indexes schedules
 
     # FPO++ specifics
-    trust_region: Literal["aspo", "ppo", "spo"] = "aspo"
-    """FPO++ per-draw trust-region proxy"""
-    loss_clamp: float = 20.0
-    """FPO++ upper clamp on both losses (and again on the current loss where A < 0)"""
-    ratio_log_clamp: float = 10.0
-    """FPO++ straight-through upper clamp on l_old - l_theta"""
-    adv_clamp: float = 100.0
-    """FPO++ clamp on the normalised advantages"""
-    t_min: float = 0.005
-    """FPO++ lower flow time (app:robotics)"""
-    t_max: float = 0.995
-    """FPO++ upper flow time (app:robotics)"""
-    fpopp_action_noise: float = 0.02
-    """std of the Gaussian noise FPO++ adds to training actions (0 disables)"""
+    trust_region: Literal["aspo", "ppo", "spo"] = "aspo"  # FPO++ per-draw trust-region proxy
+    loss_clamp: float = 20.0  # FPO++ upper clamp on both losses (and again on the current loss where A < 0)
+    ratio_log_clamp: float = 10.0  # FPO++ straight-through upper clamp on l_old - l_theta
+    adv_clamp: float = 100.0  # FPO++ clamp on the normalised advantages
+    t_min: float = 0.005  # FPO++ lower flow time (app:robotics)
+    t_max: float = 0.995  # FPO++ upper flow time (app:robotics)
+    fpopp_action_noise: float = 0.02  # std of the Gaussian noise FPO++ adds to training actions (0 disables)
 
     # Evaluation and checkpoints
-    eval_every: int = 10
-    """evaluate every this many updates (and at update 0 and the last)"""
-    eval_episodes: int = 5
-    """fixed-seed evaluation episodes"""
-    eval_seed: int = 10_000
-    """seed of the evaluation episodes"""
-    eval_init: Literal["native", "zero", "random"] = "native"
-    """initial noise of evaluation sampling; native: random for FPO, zero for FPO++"""
-    checkpoint_every: int = 0
-    """checkpoint (and restart the environments) every this many updates (0: eval_every)"""
-    keep_checkpoints: bool = False
-    """also keep every checkpoint as checkpoints/update_NNNNNN.pt"""
+    eval_every: int = 10  # evaluate every this many updates (and at update 0 and the last)
+    eval_episodes: int = 5  # fixed-seed evaluation episodes
+    eval_seed: int = 10_000  # seed of the evaluation episodes
+    eval_init: Literal["native", "zero", "random"] = "native"  # initial noise of evaluation sampling; native: random for FPO, zero for FPO++
+    checkpoint_every: int = 0  # checkpoint (and restart the environments) every this many updates (0: eval_every)
+    keep_checkpoints: bool = False  # also keep every checkpoint as checkpoints/update_NNNNNN.pt
 
 
 PRESETS = {
@@ -219,7 +152,6 @@ PRESETS = {
         norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
         critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128,
     ),
-    # Official FPO++ defaults; environments, rollout length and network sizes are this project's choice.
     "fpopp": Args(
         preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
         num_minibatches=4, update_epochs=16, total_timesteps=150 * 1024 * 32, learning_rate=1e-4, anneal_lr=False,
@@ -227,53 +159,15 @@ PRESETS = {
         max_grad_norm=1.0, output_scale=1.0, action_bound=0.0, actor_ema=0.95, eval_every=15, eval_episodes=32,
     ),
 }
+# Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
 MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "torch_threads",
               "env_threads", "keep_checkpoints", "runs_dir")
-"""settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon)"""
 
 
-# ----------------------------------------------------------------------------------------
-# Environments
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- Environments
 def segment_seed(seed: int, update: int) -> int:
     """Environment seed of the segment starting at ``update`` (environment i gets this + i)."""
     return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
-
-
-class RunningMeanStd:
-    """Running mean / variance (parallel update, as CleanRL's wrappers), float64 on the device."""
-
-    def __init__(self, shape=(), device="cpu"):
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.var = torch.ones(shape, dtype=torch.float64, device=device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)
-        self.frozen = False
-
-    def update(self, x: torch.Tensor) -> None:
-        if self.frozen:
-            return
-        x = x.double()
-        bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, tot = bm - self.mean, self.count + bc
-        self.mean = self.mean + delta * bc / tot
-        self.var = (self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot
-        self.count = tot
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count.cpu()}
-
-    def load_state_dict(self, d: dict) -> None:
-        dev = self.mean.device
-        self.mean, self.var, self.count = (torch.as_tensor(d[k], dtype=torch.float64).to(dev) for k in ("mean", "var", "count"))
-
-
-def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:
-    return obs.float() if rms is None else rms.normalize(obs)
 
 
 def squash(x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -281,18 +175,10 @@ def squash(x: torch.Tensor, mode: str) -> torch.Tensor:
     return torch.tanh(x) if mode == "tanh" else x.clamp(-1.0, 1.0)
 
 
-# ----------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- Networks
 def mlp(n_in: int, hidden: int, layers: int, n_out: int, act=nn.SiLU) -> nn.Sequential:
-    mods, d = [], n_in
-    for _ in range(layers):
-        mods += [nn.Linear(d, hidden), act()]
-        d = hidden
-    mods.append(nn.Linear(d, n_out))
-    return nn.Sequential(*mods)
+    sizes = [n_in] + [hidden] * layers
+    return nn.Sequential(*[m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), act())], nn.Linear(sizes[-1], n_out))
 
 
 class FlowActor(nn.Module):
@@ -334,11 +220,7 @@ class Critic(nn.Module):
         return self.net(obs).squeeze(-1)
 
 
-# ----------------------------------------------------------------------------------------
-# The two objectives
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- The two objectives
 def sample_draws(n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(t, eps) draws per stored action: FPO t on {0, .1, ..., .9} (s = 1-t on {.1,...,1}), FPO++ t ~ U[t_min, t_max]."""
     if objective == "fpo":
@@ -435,15 +317,10 @@ def draw_weights(t: torch.Tensor, args: Args, alpha: float) -> torch.Tensor:
     return fpopp_weight(t, alpha, args.t_min, args.t_max)
 
 
-# ----------------------------------------------------------------------------------------
-# Training state, rollout + GAE
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- Training state, rollout + GAE
 @dataclass
 class State:
     """Everything that evolves during training."""
-
     envs: object
     actor: FlowActor
     critic: Critic
@@ -514,9 +391,9 @@ def collect_rollout(state: State, args: Args) -> dict:
 
     with torch.no_grad():
         flat_obs = obs_buf.reshape(T * n, -1)
-        values = chunked(critic, flat_obs).reshape(T, n)
+        values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
         next_value = critic(normalize_obs(state.next_obs, state.obs_rms))
-        rew_buf += args.gamma * boot_buf * chunked(critic, final_buf.reshape(T * n, -1)).reshape(T, n)
+        rew_buf += args.gamma * boot_buf * torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
         flat_x = act_buf.reshape(T * n, d)
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
@@ -540,18 +417,11 @@ def collect_rollout(state: State, args: Args) -> dict:
 
 
 def chunks(n: int, size: int = 65536) -> list[slice]:
+    """Row slices for no-grad passes over a whole batch (983,040 rows x draws at the fpo preset)."""
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def chunked(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([net(x[s]) for s in chunks(x.shape[0])])
-
-
-# ----------------------------------------------------------------------------------------
-# The update
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- The update
 class NonFiniteLoss(RuntimeError):
     """Raised when an update produces a non-finite loss or gradient."""
 
@@ -596,13 +466,9 @@ def uses_cuda_graph(state: State, args: Args) -> bool:
 
 
 def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
-    """``update_epochs`` passes of ``num_minibatches`` gradient steps on both losses.
-
-    Statistics stay on the device and are read once at the end; a non-finite loss or gradient
-    anywhere raises :class:`NonFiniteLoss` (the caller keeps the last checkpoint). On CUDA every
-    step is a replay of one captured graph (``--cuda-graph``), fed by the same ``torch.randperm``
-    calls as the eager loop, so both take the same steps.
-    """
+    """``update_epochs`` x ``num_minibatches`` gradient steps on both losses. Statistics stay on the
+    device until the end; a non-finite loss or gradient raises :class:`NonFiniteLoss`. On CUDA each
+    step replays one captured graph (``--cuda-graph``) fed by the same ``torch.randperm`` calls."""
     n = batch["obs"].shape[0]
     mb, steps = n // args.num_minibatches, args.update_epochs * args.num_minibatches
     adv = batch["adv"]
@@ -666,27 +532,21 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
     return float(total.mean())
 
 
-# ----------------------------------------------------------------------------------------
-# Setup, checkpoints and main
-# ----------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------- Setup, checkpoints and main
 def validate_args(args: Args) -> None:
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "num_draws", "flow_steps",
                  "eval_every", "eval_episodes", "block_size", "episode_length"):
         if getattr(args, name) < 1:
             raise RunError(f"{name} must be at least 1, got {getattr(args, name)}")
-    if args.num_envs * args.num_steps < args.num_minibatches:
-        raise RunError(f"num_minibatches={args.num_minibatches}; must be <= num_envs*num_steps={args.num_envs * args.num_steps}")
-    if not 0.0 <= args.t_min < args.t_max < 1.0:
-        raise RunError(f"t_min={args.t_min}, t_max={args.t_max}; need 0 <= t_min < t_max < 1")
-    if not math.isfinite(args.action_bound) or args.clip_coef <= 0 or args.anneal_steps < 0:
-        raise RunError(f"action_bound={args.action_bound}, clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: "
-                       "need a finite bound, clip_coef > 0 and anneal_steps >= 0")
-    if not 0.0 <= args.actor_ema < 1.0:
-        raise RunError(f"actor_ema={args.actor_ema}; must be in [0, 1)")
-    if args.k1 <= args.k0 and (args.alpha_early is not None or args.alpha_late is not None):
-        raise RunError(f"k1={args.k1}; must be > k0={args.k0}")
+    for bad, message in (
+        (args.num_envs * args.num_steps < args.num_minibatches, f"num_minibatches={args.num_minibatches}: at most num_envs x num_steps"),
+        (not 0.0 <= args.t_min < args.t_max < 1.0, f"t_min={args.t_min}, t_max={args.t_max}: need 0 <= t_min < t_max < 1"),
+        (not math.isfinite(args.action_bound), f"action_bound={args.action_bound}: must be finite (<= 0 disables)"),
+        (args.clip_coef <= 0 or args.anneal_steps < 0, f"clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: need > 0, >= 0"),
+        (not 0.0 <= args.actor_ema < 1.0, f"actor_ema={args.actor_ema}: must be in [0, 1)"),
+        (args.k1 <= args.k0 and (args.alpha_early, args.alpha_late) != (None, None), f"k1={args.k1}: must be > k0={args.k0}")):
+        if bad:
+            raise RunError(message)
     resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
 
 
@@ -706,11 +566,8 @@ def build_state(args: Args, device: torch.device) -> State:
 
 
 def checkpoint_payload(state: State) -> dict:
-    return {"actor": state.actor.state_dict(), "critic": state.critic.state_dict(), "optimizer": state.optimizer.state_dict(),
-            "ema": state.ema.state_dict() if state.ema is not None else None,
-            "obs_rms": state.obs_rms.state_dict() if state.obs_rms else None,
-            "ret_rms": state.ret_rms.state_dict() if state.ret_rms else None,
-            "update": state.update, "global_step": state.global_step,
+    parts = {k: getattr(state, k) for k in ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")}
+    return {**{k: None if v is None else v.state_dict() for k, v in parts.items()}, "update": state.update, "global_step": state.global_step,
             "peak": (state.peak_return, state.peak_step, state.peak_update)}
 
 
@@ -719,14 +576,10 @@ def load_checkpoint(ckpt, state: State) -> None:
     if not isinstance(ckpt, dict):
         ckpt = torch.load(ckpt, map_location="cpu", weights_only=False)
     state.graph = None
-    state.actor.load_state_dict(ckpt["actor"])
-    state.critic.load_state_dict(ckpt["critic"])
-    state.optimizer.load_state_dict(ckpt["optimizer"])
-    if state.ema is not None and ckpt.get("ema") is not None:
-        state.ema.load_state_dict(ckpt["ema"])
-    for rms, key in ((state.obs_rms, "obs_rms"), (state.ret_rms, "ret_rms")):
-        if rms is not None and ckpt[key] is not None:
-            rms.load_state_dict(ckpt[key])
+    for part, key in ((state.actor, "actor"), (state.critic, "critic"), (state.optimizer, "optimizer"), (state.ema, "ema"),
+                      (state.obs_rms, "obs_rms"), (state.ret_rms, "ret_rms")):
+        if part is not None and ckpt.get(key) is not None:
+            part.load_state_dict(ckpt[key])
     state.update, state.global_step = int(ckpt["update"]), int(ckpt["global_step"])
     state.peak_return, state.peak_step, state.peak_update = ckpt["peak"]
 
@@ -839,8 +692,6 @@ def main(args: Args) -> dict:
         bar.close()
         state.envs.close()
         eval_envs.close()
-        if status == "finished" and state.update < num_updates:
-            status = "interrupted"
         return summary(status, reason or ("num_updates reached" if status == "finished" else ""))
 
 

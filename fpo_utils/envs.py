@@ -226,3 +226,39 @@ class GymnasiumVecEnv(_Base):
 
     def close(self) -> None:
         self._envs.close()
+
+
+class RunningMeanStd:
+    """Running mean / variance (parallel update, as CleanRL's wrappers), float64 on the device.
+    ``normalize`` gives ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` as float32; ``frozen``
+    statistics ignore ``update`` (evaluation, diagnostics)."""
+
+    def __init__(self, shape=(), device="cpu"):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)
+        self.frozen = False
+
+    def update(self, x: torch.Tensor) -> None:
+        if self.frozen:
+            return
+        x = x.double()
+        bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, tot = bm - self.mean, self.count + bc
+        self.mean = self.mean + delta * bc / tot
+        self.var = (self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot
+        self.count = tot
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count.cpu()}
+
+    def load_state_dict(self, d: dict) -> None:
+        dev = self.mean.device
+        self.mean, self.var, self.count = (torch.as_tensor(d[k], dtype=torch.float64).to(dev) for k in ("mean", "var", "count"))
+
+
+def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:
+    return obs.float() if rms is None else rms.normalize(obs)
