@@ -76,6 +76,9 @@ class Timed:
     def __init__(self, fn):
         self.fn, self.total = fn, 0.0
 
+    def __getattr__(self, name):  # e.g. the sampler's refresh()
+        return getattr(self.fn, name)
+
     def __call__(self, *a, **k):
         t0 = time.perf_counter()
         try:
