@@ -16,7 +16,7 @@ trainer can bootstrap a truncated episode from it.
 JAX, Playground and MJX are imported only when an environment is made (`pip install -e
 '.[playground]'`). JAX's memory preallocation is turned off before JAX starts
 (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set), so JAX takes device memory as it needs it and
-leaves the rest to torch.
+leaves the rest to torch; XLA_FLAGS gains --xla_gpu_triton_gemm_any=True, as Playground advises.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def _import_jax_playground():
     """Import jax, Playground and brax's training wrappers, with JAX set up to share the device."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when JAX's backend starts
     os.environ.setdefault("MUJOCO_GL", "disable")  # no rendering; avoids probing for GL at import
+    if "xla_gpu_triton_gemm_any" not in os.environ.get("XLA_FLAGS", ""):  # Playground's advice for MJX on GPUs
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_triton_gemm_any=True").strip()
     try:
         import jax
         from brax.envs.wrappers import training as brax_training
@@ -116,7 +118,7 @@ class PlaygroundVecEnv:
         env = brax_training.VmapWrapper(base)
         env = brax_training.EpisodeWrapper(env, episode_length, 1)
         env = _KeepFinalObs(wrapper.Wrapper, env)
-        self._env = wrapper.BraxAutoResetWrapper(env, full_reset=False)
+        self._env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
         n, d = num_envs, self.obs_dim
 
         def reset(keys):
@@ -124,7 +126,7 @@ class PlaygroundVecEnv:
             return state, state.obs
 
         def step(state, action):
-            state = self._env.step(state, action)
+            state = self._env.step(state, jnp.clip(action, -1.0, 1.0))
             trunc = state.info["truncation"]
             term = state.done * (1.0 - trunc)
             ep = state.info["episode_metrics"]
