@@ -905,7 +905,7 @@ class RobotGram:
     """Robot gradient geometry at a robot_fpo.py checkpoint (app:robotics-new-geometry)."""
 
     checkpoint: str
-    """A robot_fpo run folder (its checkpoints/latest.pt) or a checkpoint file inside one."""
+    """A robot_fpo run folder (its checkpoints/last.pt) or a checkpoint file inside one."""
     batches: int = ROBOT_BATCHES
     """Fresh on-policy batches (app:robotics-new-geometry: 8)."""
     bins: int = ROBOT_BINS
@@ -922,16 +922,6 @@ class RobotGram:
     """Output folder (default: <run>/diagnostics/robot_gram_u<update>)."""
 
 
-class _FrozenStats:
-    """Observation/return statistics that stay fixed while the diagnostic collects rollouts."""
-
-    def __init__(self, rms):
-        self.mean, self.var, self.count = rms.mean, rms.var, rms.count
-
-    def update(self, x):
-        return None
-
-
 def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
     os.environ.setdefault("MUJOCO_GL", "disable")
     import robot_fpo
@@ -940,10 +930,10 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
         raise ValueError(f"--batches {cmd.batches} must be >= 2 (cross-batch cosines need two batches)")
     path = Path(cmd.checkpoint)
     if path.is_dir():
-        path = path / "checkpoints" / "latest.pt"
+        path = path / "checkpoints" / "last.pt"
     folder = path.parent.parent
     if not path.is_file() or not (folder / "args.json").is_file():
-        raise ValueError(f"--checkpoint {cmd.checkpoint!r}: expected a robot_fpo run folder with args.json and checkpoints/latest.pt")
+        raise ValueError(f"--checkpoint {cmd.checkpoint!r}: expected a robot_fpo run folder with args.json and checkpoints/last.pt")
     t0 = time.perf_counter()
     raw = json.loads((folder / "args.json").read_text())
     rargs = replace(robot_fpo.Args(), **{k: v for k, v in raw.items() if k in robot_fpo.Args.__dataclass_fields__})
@@ -953,10 +943,9 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
     state = robot_fpo.build_state(rargs, device)
     robot_fpo.load_checkpoint(str(path), state)
     update, global_step = state.update, state.global_step
-    if state.obs_rms is not None:
-        state.obs_rms = _FrozenStats(state.obs_rms)
-    if state.ret_rms is not None:
-        state.ret_rms = _FrozenStats(state.ret_rms)
+    for rms in (state.obs_rms, state.ret_rms):  # statistics stay fixed while the diagnostic collects rollouts
+        if rms is not None:
+            rms.frozen = True
     edges = robot_bins(rargs.objective, cmd.bins, rargs.t_min, rargs.t_max)
     nb = len(edges) - 1
     draws = cmd.draws or rargs.num_draws

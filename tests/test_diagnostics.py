@@ -300,7 +300,7 @@ def test_robot_gram_and_phases_end_to_end(tmp_path):
 
     args = replace(R.Args(), env_id="InvertedPendulum-v5", num_envs=2, num_steps=16, num_minibatches=2,
                    update_epochs=1, num_draws=2, flow_steps=2, actor_hidden=8, actor_layers=1, critic_hidden=8,
-                   critic_layers=1, eval_every=1, eval_episodes=1, num_updates=1, cuda=False, run_dir=str(tmp_path),
+                   critic_layers=1, eval_every=1, eval_episodes=1, num_updates=1, cuda=False, runs_dir=str(tmp_path),
                    run_name="fpo", seed=3)
     R.main(args)
     info = D.run_robot_gram(D.RobotGram(checkpoint=str(tmp_path / "fpo"), batches=2, num_steps=8))

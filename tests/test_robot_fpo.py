@@ -17,6 +17,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import robot_fpo as R  # noqa: E402
+from fpo_utils.envs import make_envs  # noqa: E402
+from fpo_utils.fast import GraphedStep, NumpySampler  # noqa: E402
+from fpo_utils.runfolder import RunError, read_jsonl  # noqa: E402
 
 GRID = np.arange(1, 11) / 10.0
 TIME_KEYS = {"sps", "rollout_s", "update_s"}
@@ -26,7 +29,7 @@ def tiny_args(tmp_path, **kw) -> R.Args:
     base = dict(
         env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
         num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16, critic_layers=1,
-        eval_every=2, eval_episodes=2, cuda=False, torch_threads=1, run_dir=str(tmp_path), run_name="run", seed=3,
+        eval_every=2, eval_episodes=2, cuda=False, torch_threads=1, runs_dir=str(tmp_path), run_name="run", seed=3,
     )
     base.update(kw)
     return replace(R.Args(), **base)
@@ -86,7 +89,7 @@ def test_fpopp_loss_matches_hand_computation(mode):
     adv = np.array([0.9, -1.3, 2.0])
     alpha, rho = 0.5, 0.05
     lo = np.minimum(l_old, 20.0)
-    ln = np.where(adv[:, None] < 0, np.minimum(l_new, 20.0), l_new)
+    ln = np.minimum(l_new, 20.0)
     r = np.exp(np.minimum(lo - ln, 10.0))
     a = np.broadcast_to(adv[:, None], r.shape)
     if mode == "ppo":
@@ -139,12 +142,27 @@ def test_straight_through_clamp_value_and_identity_gradient():
     assert l_new.grad.item() == pytest.approx(expected, rel=1e-9)
 
 
-def test_fpopp_negative_advantage_clamp_on_current_loss():
+def test_fpopp_clamps_both_losses_whatever_the_advantage_sign():
+    # Both losses are clamped at 20 for either sign of A (official FPO++: cfm_loss_clamp = 20, then
+    # cfm_loss_clamp_negative_advantages_max = 20 where A < 0), so l_new = 30 counts as 20.
     l_old = torch.tensor([[1.0], [1.0]], dtype=torch.float64)
     l_new = torch.tensor([[30.0], [30.0]], dtype=torch.float64, requires_grad=True)
     t, adv = torch.tensor([[0.5], [0.5]]), torch.tensor([1.0, -1.0])
     _, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, 0.05, "spo")
-    np.testing.assert_allclose(ratio.detach().numpy()[:, 0], [math.exp(-29.0), math.exp(-19.0)])
+    np.testing.assert_allclose(ratio.detach().numpy()[:, 0], [math.exp(-19.0), math.exp(-19.0)])
+
+
+def test_fpopp_clamp_official_example_positive_advantage():
+    # l_old = 15, l_new = 25, A = +1, t = .5: ratio exp(15 - 20) = exp(-5) = 6.74e-3 and no gradient
+    # reaches l_new through the clamp (the unclamped value would give exp(-10)).
+    l_old = torch.tensor([[15.0]], dtype=torch.float64)
+    l_new = torch.tensor([[25.0]], dtype=torch.float64, requires_grad=True)
+    t, adv = torch.tensor([[0.5]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    loss, ratio = R.fpopp_loss(l_old, l_new, t, adv, 1.0, 0.05, "aspo")
+    assert ratio.item() == pytest.approx(math.exp(-5.0), rel=1e-12)
+    assert ratio.item() == pytest.approx(6.74e-3, rel=1e-3)
+    loss.backward()
+    assert l_new.grad.item() == 0.0
 
 
 def test_draw_losses_are_noise_and_velocity_residuals():
@@ -170,8 +188,8 @@ def test_draw_times_and_numpy_sampler():
     assert t.min() >= 0.005 and t.max() <= 0.995
     actor = R.FlowActor(3, 2, 8, 2, 4, 0.25)
     obs, x0 = torch.randn(6, 3), torch.randn(6, 2)
-    fast = R.NumpyFlowSampler(actor).sample(obs.numpy().astype(np.float64), x0.numpy(), 5)
-    np.testing.assert_allclose(fast, actor.sample(obs, x0, 5).numpy(), atol=1e-4)
+    fast = NumpySampler(actor)(obs, x0, 5)
+    np.testing.assert_allclose(fast.numpy(), actor.sample(obs, x0, 5).numpy(), atol=1e-4)
 
 
 def test_numpy_sampler_is_bit_identical_to_the_plain_expression():
@@ -180,7 +198,7 @@ def test_numpy_sampler_is_bit_identical_to_the_plain_expression():
     torch.manual_seed(1)
     for layers, n in ((3, 16), (1, 5)):
         actor = R.FlowActor(7, 3, 32, layers, 8, 0.25)
-        s = R.NumpyFlowSampler(actor)
+        s = NumpySampler(actor)
         lin = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
         w = [m.weight.detach().numpy().T.copy() for m in lin]  # row-major, as a BLAS call sees them
         b = [m.bias.detach().numpy() for m in lin]
@@ -200,9 +218,9 @@ def test_numpy_sampler_is_bit_identical_to_the_plain_expression():
                 h = h @ wi + bi
                 h = h / (1.0 + np.exp(-h))
             x = x + dt * np.float32(0.25) * (h @ w[-1] + b[-1])
-        got = s.sample(obs, x0, steps)
-        assert got.dtype == np.float64
-        np.testing.assert_array_equal(got, x.astype(np.float64))
+        got = s.sample_np(obs, x0, steps)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, x)
         np.testing.assert_array_equal(x0, x0_copy)  # the caller's noise is not overwritten
 
 
@@ -212,11 +230,11 @@ def test_schedule_over_blocks_and_bad_args(tmp_path):
     assert R.current_alpha(a, 250) == pytest.approx(0.75)  # block 2, halfway through (1, 3)
     assert R.current_alpha(a, 10_000) == pytest.approx(0.5)
     assert R.current_alpha(tiny_args(tmp_path, objective="fpopp", alpha=0.3), 10_000) == 0.3
-    for bad in (dict(objective="ppo"), dict(trust_region="kl"), dict(num_envs=0), dict(t_min=0.5, t_max=0.4), dict(anneal_steps=-1)):
-        with pytest.raises(ValueError):
+    for bad in (dict(num_envs=0), dict(t_min=0.5, t_max=0.4), dict(anneal_steps=-1), dict(env_id="InvertedPendulum-v9")):
+        with pytest.raises(RunError):
             R.validate_args(tiny_args(tmp_path, **bad))
-    with pytest.raises(ValueError, match="action space"):
-        R.make_env("CartPole-v1")()
+    with pytest.raises(RunError, match="continuous Box"):
+        make_envs("CartPole-v1", 1, 0, "gymnasium")
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -224,7 +242,7 @@ def test_schedule_over_blocks_and_bad_args(tmp_path):
 
 def run_script(tmp_path, *flags):
     env = dict(os.environ, MUJOCO_GL="disable", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--run-dir", str(tmp_path), "--run-name", "e2e",
+    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path), "--run-name", "e2e",
            "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2",
            "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
            "--eval-every", "4", "--eval-episodes", "2", "--total-timesteps", "2048", *flags]
@@ -234,33 +252,36 @@ def run_script(tmp_path, *flags):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     assert json.loads((run / "args.json").read_text())["env_id"] == flags[1]
-    assert (run / "checkpoints" / "latest.pt").exists()
+    assert (run / "checkpoints" / "last.pt").exists() and (run / "curve.png").exists()
     return rows, summary
 
 
 def test_end_to_end_mujoco_fpo(tmp_path):
     rows, summary = run_script(tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5",
                                "--keep-checkpoints")
-    assert summary["status"] == "completed" and summary["global_step"] == 2048
+    assert summary["status"] == "finished" and summary["global_step"] == 2048 and summary["updates_done"] == 8
     kept = sorted(p.name for p in (tmp_path / "e2e" / "checkpoints").glob("update_*.pt"))
     assert kept == ["update_000004.pt", "update_000008.pt"]
     assert [r["update"] for r in rows] == list(range(9))
     evals = [r["eval_return"] for r in rows if "eval_return" in r]
-    assert len(evals) == 3 and summary["peak_eval_return"] == max(evals)
+    assert len(evals) == 3 and summary["peak"] == max(evals)
     assert all(r["alpha"] == 0.5 for r in rows)
     assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean", "clipfrac", "sps"))
 
 
-def test_end_to_end_dm_control_fpopp(tmp_path):
-    pytest.importorskip("dm_control")
-    pytest.importorskip("shimmy")
-    rows, summary = run_script(tmp_path, "--env-id", "dm_control/cartpole-swingup-v0", "--objective", "fpopp",
-                               "--alpha", "0.5", "--eval-every", "8", "--num-steps", "32", "--total-timesteps", "1024")
-    assert summary["status"] == "completed" and summary["global_step"] == 1024
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_end_to_end_envpool_dm_control(tmp_path, objective):
+    pytest.importorskip("envpool")
+    rows, summary = run_script(tmp_path, "--env-id", "CartpoleSwingup-v1", "--objective", objective, "--alpha", "0.5",
+                               "--alpha-eps", "0.5", "--eval-every", "8", "--num-steps", "32", "--total-timesteps", "1024")
+    assert summary["status"] == "finished" and summary["global_step"] == 1024
+    args = json.loads((tmp_path / "e2e" / "args.json").read_text())
+    assert args["backend"] == "auto" and args["objective"] == objective
     last = rows[-1]
-    # FPO++ evaluates from zero initial noise, and reports random initial noise next to it.
-    assert "eval_return" in last and "eval_return_random" in last
-    assert 0.0 <= last["eval_return"] <= 1000.0
+    assert 0.0 <= last["eval_return"] <= 1000.0  # DM Control: reward in [0, 1] per step, 1000 steps
+    if objective == "fpopp":  # FPO++ evaluates from zero initial noise, and reports random initial noise next to it
+        assert "eval_return_random" in last
+    assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
 
 
 def strip_time(rows):
@@ -268,7 +289,7 @@ def strip_time(rows):
 
 
 def read_rows(path):
-    return [json.loads(x) for x in open(path).read().splitlines()]
+    return read_jsonl(path)
 
 
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
@@ -279,7 +300,7 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
 
     part = tiny_args(tmp_path / "b", objective=objective, num_updates=2)
     R.main(part)
-    ckpt = tmp_path / "b" / "run" / "checkpoints" / "latest.pt"
+    ckpt = tmp_path / "b" / "run" / "checkpoints" / "last.pt"
     shutil.copy(ckpt, tmp_path / "saved.pt")
     R.main(replace(part, num_updates=3, resume=True))
     # Simulate a kill after update 3 was logged but before its checkpoint replaced update 2's.
@@ -288,7 +309,7 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
     got = read_rows(tmp_path / "b" / "run" / "metrics.jsonl")
     assert [r["update"] for r in got] == [0, 1, 2, 3, 4]
     assert strip_time(got) == strip_time(ref)
-    assert summary["status"] == "completed" and summary["update"] == 4
+    assert summary["status"] == "finished" and summary["updates_done"] == 4
 
 
 def test_nonfinite_loss_ends_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
@@ -303,20 +324,20 @@ def test_nonfinite_loss_ends_run_and_keeps_last_good_checkpoint(tmp_path, monkey
     monkeypatch.setattr(R, "fpo_loss", flaky)  # 4 minibatch steps per update: the 2nd update fails
     args = tiny_args(tmp_path, num_updates=4, checkpoint_every=1)
     summary = R.main(args)
-    assert summary["status"] == "nonfinite" and summary["update"] == 1
-    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
+    assert summary["status"] == "nonfinite" and summary["updates_done"] == 1
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
     assert ckpt["update"] == 1
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert rows[-1]["nonfinite"] is True
 
 
 def test_action_squash_maps_into_the_box():
-    low, high = np.array([-2.0, 0.0]), np.array([2.0, 1.0])
-    x = np.array([[0.0, 3.0], [-0.5, -10.0]])
-    np.testing.assert_allclose(R.squash_action(x, low, high, "tanh"), low + (np.tanh(x) + 1) / 2 * (high - low))
-    np.testing.assert_allclose(R.squash_action(x, low, high, "clip"), [[0.0, 1.0], [-1.0, 0.0]])
-    with pytest.raises(ValueError, match="action_squash"):
-        R.squash_action(x, low, high, "sigmoid")
+    x = torch.tensor([[0.0, 3.0], [-0.5, -10.0]], dtype=torch.float64)
+    torch.testing.assert_close(R.squash(x, "tanh"), torch.tanh(x))
+    torch.testing.assert_close(R.squash(x, "clip"), torch.tensor([[0.0, 1.0], [-0.5, -1.0]], dtype=torch.float64))
+    envs = make_envs("InvertedPendulum-v5", 2, 0, "gymnasium")  # box [-3, 3]: [-1, 1] is rescaled to it
+    np.testing.assert_allclose(envs._to_box(torch.tensor([[-1.0], [0.5]])), [[-3.0], [1.5]])
+    envs.close()
 
 
 def test_action_bound_clamps_stored_actions(tmp_path):
@@ -329,7 +350,7 @@ def test_action_bound_clamps_stored_actions(tmp_path):
     # Euler samples start from N(0, I): most exceed 0.2 in magnitude and must sit on the bound.
     assert x.abs().max().item() == pytest.approx(0.2)
     assert (x.abs() >= 0.2 - 1e-6).float().mean().item() > 0.5
-    with pytest.raises(ValueError, match="action_bound"):
+    with pytest.raises(RunError, match="action_bound"):
         R.validate_args(replace(args, action_bound=float("nan")))
 
 
@@ -406,14 +427,14 @@ def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypat
     a, b, batch = two_states(args, torch.device("cpu"))
     replays = []
 
-    def fake_capture(self, state, params, max_norm):
+    def fake_capture(self):
         def replay():
             replays.append(int(self.counter))
-            self._step(state, params, max_norm)
+            self._step()
 
         self.graph = type("EagerReplay", (), {"replay": staticmethod(replay)})()
 
-    monkeypatch.setattr(R.GraphedUpdate, "capture", fake_capture)
+    monkeypatch.setattr(GraphedStep, "capture", fake_capture)
     for seed in (1, 2):
         torch.manual_seed(seed)
         sa = R.update(a, batch, args, 0.5)
@@ -421,7 +442,7 @@ def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypat
         torch.manual_seed(seed)
         sb = R.update(b, batch, args, 0.5)
         monkeypatch.undo()
-        monkeypatch.setattr(R.GraphedUpdate, "capture", fake_capture)
+        monkeypatch.setattr(GraphedStep, "capture", fake_capture)
         assert sa == sb
     assert replays == [0, 1, 2, 3] * 2  # one replay per minibatch step, the counter reset per update
     assert_same_networks(a, b, rtol=0, atol=0)
@@ -440,7 +461,7 @@ def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective):
             for s in (a, b):
                 s.optimizer.param_groups[0]["lr"] *= 0.5
         if k == 2:  # a resume replaces the optimiser state: the graph is rebuilt
-            R.save_checkpoint(ckpt, b)
+            torch.save(R.checkpoint_payload(b), ckpt)
             R.load_checkpoint(ckpt, b)
             assert b.graph is None
         torch.cuda.manual_seed(k)
@@ -454,3 +475,88 @@ def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective):
         assert_same_networks(a, b, rtol=1e-5, atol=1e-5)
     assert isinstance(b.optimizer.param_groups[0]["lr"], float) and not b.optimizer.param_groups[0]["capturable"]
 
+
+
+# ---------------------------------------------------------------------------- presets, errors, signals
+
+
+def test_presets_resolve_and_args_json_records_every_value(tmp_path):
+    import tyro
+
+    fpo = tyro.cli(R.Args, default=R.PRESETS["fpo"], args=["--seed", "4"])
+    # Official FPO FpoConfig: 2048 envs x 480 steps = 983,040 (one block per update), 16 x 32 minibatches.
+    assert fpo.num_envs * fpo.num_steps == 983_040 == fpo.block_size
+    assert fpo.num_envs * fpo.num_steps // fpo.num_minibatches == 30_720
+    assert (fpo.update_epochs, fpo.learning_rate, fpo.gamma, fpo.reward_scale, fpo.max_grad_norm, fpo.seed) == (16, 3e-4, 0.995, 10.0, 0.0, 4)
+    assert fpo.total_timesteps // (fpo.num_envs * fpo.num_steps) == 61 and fpo.eval_episodes == 128
+    fpopp = R.PRESETS["fpopp"]
+    assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == ("fpopp", 1e-4, 1e-4, 16, 64)
+    assert (fpopp.update_epochs, fpopp.num_minibatches, fpopp.gamma, fpopp.vf_coef, fpopp.max_grad_norm, fpopp.actor_ema) == (16, 4, 0.99, 1.0, 1.0, 0.95)
+    # A tiny run from the fpo preset: args.json holds every resolved field, the preset's included.
+    small = dict(env_id="InvertedPendulum-v5", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_draws=2,
+                 flow_steps=2, actor_hidden=8, critic_hidden=8, eval_every=1, eval_episodes=1, num_updates=1, cuda=False,
+                 runs_dir=str(tmp_path))
+    summary = R.main(replace(fpo, **small))
+    folder = tmp_path / "InvertedPendulum-v5__fpo__alpha_eps1.0__fpo__4"
+    saved = json.loads((folder / "args.json").read_text())
+    assert set(saved) == set(R.Args.__dataclass_fields__)
+    assert saved["preset"] == "fpo" and saved["reward_scale"] == 10.0 and saved["critic_act"] == "silu"
+    assert saved["critic_layers"] == 5 and summary["status"] == "finished"
+
+
+def run_cli(tmp_path, *flags):
+    env = dict(os.environ, MUJOCO_GL="disable")
+    return subprocess.run([sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path / "runs"),
+                           "--no-cuda", *flags], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
+    out = run_cli(tmp_path, "--env-id", "Walker2d-v9")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "Walker2d-v9" in out.stderr and "Walker2d-v5" in out.stderr  # close matches
+    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--num-envs", "0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "num_envs" in out.stderr, out.stderr
+    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--backend", "envpol")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "envpool" in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_missing_backend_is_a_one_line_error(monkeypatch):
+    import importlib.util
+
+    import fpo_utils.envs as E
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("envpool", "fpo_utils.playground")) else real(name, *a))
+    with pytest.raises(RunError, match=r"pip install -e '\.\[envpool\]'"):
+        E.make_envs("CartpoleSwingup-v1", 2, 0, "envpool")
+    with pytest.raises(RunError, match="playground"):
+        E.make_envs("CartpoleSwingup", 2, 0, "playground")
+    assert E.resolve_backend("InvertedPendulum-v5", "auto") == "gymnasium"  # auto falls back without envpool
+
+
+def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, monkeypatch):
+    import signal
+
+    full = tiny_args(tmp_path / "a", num_updates=4)
+    R.main(full)
+    ref = read_rows(tmp_path / "a" / "run" / "metrics.jsonl")
+    real, calls = R.collect_rollout, {"n": 0}
+
+    def interrupted(state, args):  # Ctrl-C during the first update's rollout
+        calls["n"] += 1
+        if calls["n"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(state, args)
+
+    monkeypatch.setattr(R, "collect_rollout", interrupted)
+    part = tiny_args(tmp_path / "b", num_updates=4)
+    summary = R.main(part)
+    assert summary["status"] == "interrupted" and summary["updates_done"] == 2  # the next checkpoint boundary
+    monkeypatch.setattr(R, "collect_rollout", real)
+    with pytest.raises(RunError, match="already holds a checkpoint"):
+        R.main(part)
+    with pytest.raises(RunError, match="learning_rate"):
+        R.main(replace(part, resume=True, learning_rate=1e-3))
+    assert R.main(replace(part, resume=True))["status"] == "finished"
+    assert strip_time(read_rows(tmp_path / "b" / "run" / "metrics.jsonl")) == strip_time(ref)

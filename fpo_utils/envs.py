@@ -1,0 +1,264 @@
+"""Vectorised environments for robot_fpo.py behind one torch-facing interface.
+
+Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act_dim``,
+``action_low``, ``action_high``, ``device``; methods ``reset``, ``step``, ``close``):
+
+* ``envpool``: envpool's C++ thread pool, for its gymnasium MuJoCo ids (``Walker2d-v5``, ...) and
+  its DeepMind Control ids (``WalkerRun-v1``, ``CartpoleSwingup-v1``, ...). DM Control
+  observations come as a dict; they are flattened in sorted key order.
+* ``gymnasium``: gymnasium's in-process vector env, for any other continuous-action id (a user's
+  own environment, registered or given as ``module:Name-v0``).
+* ``playground``: MuJoCo Playground's DM Control suite on the GPU (``fpo_utils.playground_env``,
+  imported only when asked for).
+
+``auto`` picks envpool for the ids envpool has (when it is installed), else gymnasium.
+
+``reset(seed)`` starts every environment afresh, environment i from seed ``seed + i``; the same
+seed gives the same episodes. ``step(actions)`` takes a float32 tensor [N, act_dim] in [-1, 1]
+(rescaled here to the action box) and returns ``(obs, reward, terminated, truncated, info)``:
+obs float32 [N, obs_dim] (already the first observation of the next episode where one ended:
+auto-reset in the same step), reward float32 [N], terminated / truncated bool [N], and ``info``
+with float32 tensors ``final_obs`` [N, obs_dim] (the observation that ended the episode, equal to
+obs where nothing ended), ``episode_return`` and ``episode_length`` [N] (of the episode that ended
+at this step; meaningful where terminated or truncated).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from typing import Literal
+
+import numpy as np
+import torch
+
+from fpo_utils.runfolder import RunError
+
+Backend = Literal["auto", "envpool", "gymnasium", "playground"]
+ENVPOOL_MODULES = ("envpool.mujoco.gym", "envpool.mujoco.dmc")  # MuJoCo v4/v5 and DM Control ids
+
+
+def envpool_ids() -> list[str]:
+    """The continuous-control ids envpool offers here (empty when envpool is not installed)."""
+    if importlib.util.find_spec("envpool") is None:
+        return []
+    from envpool.registration import registry
+
+    return sorted(k for k, spec in registry.specs.items() if spec[0] in ENVPOOL_MODULES)
+
+
+def unknown_id(env_id: str, known: list[str], where: str) -> RunError:
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return RunError(f"unknown env id {env_id!r}; {hint}expected {where}")
+
+
+def resolve_backend(env_id: str, backend: Backend) -> str:
+    """The backend that runs ``env_id``; a one-line RunError for an id no backend knows."""
+    if backend not in ("auto", "envpool", "gymnasium", "playground"):
+        raise RunError(f"--backend {backend!r} is not one of auto, envpool, gymnasium, playground")
+    if backend == "playground":
+        return backend
+    if backend == "envpool" and importlib.util.find_spec("envpool") is None:
+        raise RunError("the envpool backend needs envpool: pip install -e '.[envpool]'")
+    pool_ids = envpool_ids()
+    if backend in ("auto", "envpool") and env_id in pool_ids:
+        return "envpool"
+    if backend == "envpool":
+        raise unknown_id(env_id, pool_ids, "envpool's MuJoCo and DM Control ids, e.g. CartpoleSwingup-v1, Walker2d-v5")
+    import gymnasium as gym
+
+    if ":" not in env_id and env_id not in gym.registry:
+        raise unknown_id(env_id, sorted(set(pool_ids) | set(gym.registry)), "a gymnasium or envpool id, or module:Name-v0")
+    return "gymnasium"
+
+
+def make_envs(env_id: str, num_envs: int, seed: int, backend: Backend = "auto", device: str | torch.device = "cpu",
+              threads: int = 0, episode_length: int = 1000):
+    """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
+
+    ``threads`` is envpool's thread count (0: one per core, at most ``num_envs``);
+    ``episode_length`` is the time limit of the playground backend (the others use the id's own).
+    """
+    if num_envs < 1:
+        raise RunError(f"num_envs must be at least 1, got {num_envs}")
+    device = torch.device(device)
+    kind = resolve_backend(env_id, backend)
+    if kind == "playground":
+        if importlib.util.find_spec("fpo_utils.playground_env") is None:
+            raise RunError("the playground backend (fpo_utils/playground_env.py) is not part of this checkout")
+        from fpo_utils.playground_env import PlaygroundVecEnv
+
+        return PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length)
+    if kind == "envpool":
+        return EnvpoolVecEnv(env_id, num_envs, seed, device, threads)
+    return GymnasiumVecEnv(env_id, num_envs, seed, device)
+
+
+def flat_obs(obs) -> np.ndarray:
+    """[N, obs_dim] float32 from an array or a dict of arrays (keys in sorted order)."""
+    if isinstance(obs, dict):
+        n = len(next(iter(obs.values())))
+        return np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in sorted(obs)], axis=1)
+    return np.asarray(obs, np.float32).reshape(len(obs), -1)
+
+
+class _Base:
+    """Shared bookkeeping: action rescaling, episode returns and lengths, numpy -> torch."""
+
+    def _setup(self, action_space, obs_dim: int, num_envs: int, device: torch.device) -> None:
+        if not hasattr(action_space, "low") or getattr(action_space, "dtype", None) is None or \
+                not np.issubdtype(action_space.dtype, np.floating):
+            raise RunError(f"env id {self.env_id!r} has action space {action_space}; a continuous Box is required")
+        self.num_envs, self.obs_dim, self.device = num_envs, obs_dim, device
+        self.act_dim = int(np.prod(action_space.shape))
+        self._low = np.asarray(action_space.low, np.float64).reshape(-1)
+        self._high = np.asarray(action_space.high, np.float64).reshape(-1)
+        self.action_low = torch.as_tensor(self._low, dtype=torch.float32)
+        self.action_high = torch.as_tensor(self._high, dtype=torch.float32)
+        self._ret, self._len = np.zeros(num_envs), np.zeros(num_envs, np.int64)
+
+    def _to_box(self, actions: torch.Tensor) -> np.ndarray:
+        a = actions.detach().to("cpu", torch.float64).numpy().reshape(self.num_envs, self.act_dim)
+        return self._low + 0.5 * (np.clip(a, -1.0, 1.0) + 1.0) * (self._high - self._low)
+
+    def _out(self, obs, reward, term, trunc, final_obs) -> tuple:
+        reward = np.asarray(reward, np.float64)
+        self._ret += reward
+        self._len += 1
+        done = np.logical_or(term, trunc)
+        info = {"final_obs": self._t(final_obs), "episode_return": self._t(self._ret.copy()),
+                "episode_length": self._t(self._len.copy())}
+        self._ret[done], self._len[done] = 0.0, 0
+        return (self._t(obs), self._t(reward), torch.as_tensor(np.asarray(term, bool), device=self.device),
+                torch.as_tensor(np.asarray(trunc, bool), device=self.device), info)
+
+    def _t(self, x) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x, np.float32), device=self.device)
+
+
+class EnvpoolVecEnv(_Base):
+    """envpool's pool in synchronous mode. envpool resets an environment one step after its episode
+    ends; here it is reset at once (``reset(env_ids)``), so every step returns live observations.
+    A pool draws its episodes from the seed it was made with, so ``reset(seed)`` with a new seed
+    rebuilds the pool (fast for MuJoCo ids; DM Control ids compile their model per environment)."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, device: torch.device, threads: int = 0):
+        import envpool
+
+        self.env_id, self._envpool = env_id, envpool
+        self._threads = min(num_envs, threads if threads > 0 else (os.cpu_count() or 1))
+        self._pool, self._seed, self._fresh = None, None, False
+        self._make(num_envs, seed)
+        space = self._pool.observation_space
+        obs_dim = sum(int(np.prod(s.shape)) for s in space.values()) if hasattr(space, "keys") else int(np.prod(space.shape))
+        self._setup(self._pool.action_space, obs_dim, num_envs, device)
+
+    def _make(self, num_envs: int, seed: int) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = self._envpool.make(self.env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed),
+                                        num_threads=self._threads)
+        self._seed, self._fresh = int(seed), True
+
+    def reset(self, seed: int) -> torch.Tensor:
+        if not (self._fresh and int(seed) == self._seed):
+            self._make(self.num_envs, seed)
+        self._fresh = False
+        obs, _ = self._pool.reset()
+        self._ret[:], self._len[:] = 0.0, 0
+        return self._t(flat_obs(obs))
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        obs, reward, term, trunc, _ = self._pool.step(self._to_box(actions).astype(np.float32))
+        obs = flat_obs(obs)
+        final = obs
+        done = np.nonzero(np.logical_or(term, trunc))[0]
+        if len(done):
+            final = obs.copy()
+            new, _ = self._pool.reset(done.astype(np.int32))
+            obs[done] = flat_obs(new)
+        return self._out(obs, reward, term, trunc, final)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class GymnasiumVecEnv(_Base):
+    """gymnasium's SyncVectorEnv with same-step auto-reset; dict observations are flattened."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, device: torch.device):
+        import gymnasium as gym
+
+        self.env_id = env_id
+
+        def thunk():
+            env = gym.make(env_id)
+            if isinstance(env.observation_space, gym.spaces.Dict):
+                env = gym.wrappers.FlattenObservation(env)
+            return env
+
+        try:
+            self._envs = gym.vector.SyncVectorEnv([thunk for _ in range(num_envs)],
+                                                  autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        except (gym.error.Error, ModuleNotFoundError, AttributeError) as err:
+            raise RunError(f"env id {env_id!r} could not be made: {str(err).splitlines()[0]}") from None
+        space = self._envs.single_action_space
+        if not isinstance(space, gym.spaces.Box):
+            self._envs.close()
+        self._setup(space, int(np.prod(self._envs.single_observation_space.shape)), num_envs, device)
+
+    def reset(self, seed: int) -> torch.Tensor:
+        obs, _ = self._envs.reset(seed=[int(seed) + i for i in range(self.num_envs)])
+        self._ret[:], self._len[:] = 0.0, 0
+        return self._t(flat_obs(obs))
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        obs, reward, term, trunc, info = self._envs.step(self._to_box(actions))
+        obs = flat_obs(obs)
+        final = obs
+        done = np.nonzero(np.logical_or(term, trunc))[0]
+        if len(done):
+            final = obs.copy()
+            final[done] = flat_obs(np.stack([info["final_obs"][i] for i in done]))
+        return self._out(obs, reward, term, trunc, final)
+
+    def close(self) -> None:
+        self._envs.close()
+
+
+class RunningMeanStd:
+    """Running mean / variance (parallel update, as CleanRL's wrappers), float64 on the device.
+    ``normalize`` gives ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` as float32; ``frozen``
+    statistics ignore ``update`` (evaluation, diagnostics)."""
+
+    def __init__(self, shape=(), device="cpu"):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)
+        self.frozen = False
+
+    def update(self, x: torch.Tensor) -> None:
+        if self.frozen:
+            return
+        x = x.double()
+        bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, tot = bm - self.mean, self.count + bc
+        self.mean = self.mean + delta * bc / tot
+        self.var = (self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot
+        self.count = tot
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count.cpu()}
+
+    def load_state_dict(self, d: dict) -> None:
+        dev = self.mean.device
+        self.mean, self.var, self.count = (torch.as_tensor(d[k], dtype=torch.float64).to(dev) for k in ("mean", "var", "count"))
+
+
+def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:
+    return obs.float() if rms is None else rms.normalize(obs)

@@ -1,0 +1,173 @@
+"""Fast paths for robot_fpo.py, chosen once at setup: none of them changes what is computed.
+
+* :class:`NumpySampler`: the flow actor's Euler sampler as float32 NumPy for CPU rollouts (a
+  rollout samples ``num_envs`` actions per step with ``flow_steps`` small MLP evaluations; NumPy's
+  per-call cost is several times below torch's per-op dispatch at these sizes).
+* :class:`GraphedStep`: one minibatch step of the update (gather, losses, backward, gradient clip,
+  fused optimiser step) captured once as a CUDA graph and replayed for every minibatch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+class NumpySampler:
+    """float32 NumPy copy of a flow actor's MLP (``actor.net``: Linear/SiLU layers whose first layer
+    reads ``[obs, x_t, cos/sin(freqs t)]``), refreshed from the actor with :meth:`refresh`.
+
+    The first layer is split by input block, so the observation term is computed once per action
+    and the time term once per Euler step; every intermediate lives in preallocated buffers.
+    """
+
+    def __init__(self, actor: nn.Module):
+        self.actor = actor
+        self._bufs: dict[int, list[np.ndarray]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        actor = self.actor
+        lin = [m for m in actor.net if isinstance(m, nn.Linear)]
+        w = [m.weight.detach().cpu().float().numpy().T.copy() for m in lin]
+        self.b = [m.bias.detach().cpu().float().numpy().copy() for m in lin]
+        n_obs = w[0].shape[0] - actor.act_dim - actor.freqs.numel() * 2
+        self.w_obs, self.w_x, self.w_t = w[0][:n_obs], w[0][n_obs : n_obs + actor.act_dim], w[0][n_obs + actor.act_dim :]
+        self.w = w
+        self.freqs = actor.freqs.detach().cpu().double().numpy()
+        self.scale = np.float32(actor.output_scale)
+        self._time_terms: dict[int, list[np.ndarray]] = {}
+
+    def _time_term(self, steps: int) -> list[np.ndarray]:
+        if steps not in self._time_terms:
+            ang = (np.arange(steps) / steps)[:, None] * self.freqs
+            emb = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+            self._time_terms[steps] = list(emb @ self.w_t)
+        return self._time_terms[steps]
+
+    def _buffers(self, n: int) -> list[np.ndarray]:
+        if n not in self._bufs:
+            self._bufs[n] = [np.empty((n, w.shape[1]), np.float32) for w in self.w] + [np.empty((n, self.w_x.shape[1]), np.float32)]
+        return self._bufs[n]
+
+    def sample_np(self, obs: np.ndarray, x0: np.ndarray, steps: int) -> np.ndarray:
+        """Euler samples (float32) for float32 ``obs`` (n, o) and initial noise ``x0`` (n, d); the
+        arithmetic is that of ``x + dt * scale * (silu(h @ W + b) ...)`` step by step."""
+        bufs = self._buffers(x0.shape[0])
+        tmp = bufs[-1]
+        base = np.dot(np.asarray(obs, np.float32), self.w_obs)
+        base += self.b[0]
+        x, c = np.array(x0, np.float32), np.float32(1.0 / steps) * self.scale
+        for tt in self._time_term(steps):
+            h = np.dot(x, self.w_x, out=bufs[0])
+            np.add(base, h, out=h)
+            h += tt
+            _silu_(h, tmp)
+            for w, b, out in zip(self.w[1:-1], self.b[1:-1], bufs[1:-2]):
+                h = np.dot(h, w, out=out)
+                h += b
+                _silu_(h, tmp)
+            v = np.dot(h, self.w[-1], out=bufs[-2])
+            v += self.b[-1]
+            v *= c
+            x += v
+        return x
+
+    def __call__(self, obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
+        return torch.from_numpy(self.sample_np(obs.numpy(), x0.numpy(), steps))
+
+
+def _silu_(h: np.ndarray, tmp: np.ndarray) -> None:
+    """In-place SiLU ``h <- h / (1 + exp(-h))`` using the scratch array ``tmp`` (same shape)."""
+    np.negative(h, out=tmp)
+    np.exp(tmp, out=tmp)
+    tmp += 1.0
+    np.divide(h, tmp, out=h)
+
+
+class GraphedStep:
+    """``step_fn(src, idx) -> stats row`` (losses, backward, optimiser step) captured as one CUDA graph.
+
+    Static device tensors hold the batch ``src`` (refilled with ``copy_`` at every update), the
+    minibatch indices of every step of the update (``steps x mb``), a step counter and a
+    ``(steps, k)`` statistics table. One replay gathers the indices in row ``counter``, runs
+    ``step_fn`` and writes its statistics into that row. The learning rate lives in a device tensor
+    the optimiser reads inside the graph. The graph reads parameters, gradients and optimiser
+    moments at fixed addresses: rebuild it when the optimiser state is replaced.
+    """
+
+    def __init__(self, step_fn: Callable, src: dict, steps: int, mb: int, n_stats: int, optimizer, key: tuple):
+        dev = next(iter(src.values())).device
+        self.step_fn, self.optimizer, self.key = step_fn, optimizer, key
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.src = {k: torch.empty_like(v) for k, v in src.items()}
+        self.idx = torch.zeros(steps, mb, dtype=torch.long, device=dev)
+        self.counter = torch.zeros(1, dtype=torch.long, device=dev)
+        self.stats = torch.zeros(steps, n_stats, device=dev)
+        self.lr = torch.tensor(float(optimizer.param_groups[0]["lr"]), dtype=torch.float32, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def _step(self) -> None:
+        idx = self.idx.index_select(0, self.counter).view(-1)
+        row = self.step_fn(self.src, idx)
+        self.stats.index_copy_(0, self.counter, row.unsqueeze(0))
+        self.counter.add_(1)
+
+    def capture(self) -> None:
+        """Warm up on a side stream, capture one step, and restore every tensor the warm-up touched
+        (parameters and optimiser moments, in place), so capturing leaves training state unchanged."""
+        opt, params, dev = self.optimizer, self.params, self.idx.device
+        if len(opt.param_groups) != 1:
+            raise ValueError(f"{len(opt.param_groups)} optimiser param groups; the CUDA graph update expects 1")
+        group = opt.param_groups[0]
+        with torch.no_grad():
+            saved_params = [p.detach().clone() for p in params]
+            saved_moments = {p: {k: v.clone() for k, v in opt.state[p].items()} for p in params if opt.state.get(p)}
+        lr, capturable = group["lr"], group["capturable"]
+        group["lr"], group["capturable"] = self.lr, True  # a tensor lr and a capture-safe step
+        try:
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "capturable=True but step() runs without capture"
+                for _ in range(3):
+                    self.counter.zero_()
+                    self._step()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            opt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step()
+            self.graph = graph
+        finally:
+            group["lr"], group["capturable"] = lr, capturable
+            with torch.no_grad():
+                for p, v in zip(params, saved_params):
+                    p.copy_(v)
+                for p in params:
+                    for k, v in opt.state.get(p, {}).items():
+                        if p in saved_moments:
+                            v.copy_(saved_moments[p][k])
+                        elif torch.is_tensor(v):
+                            v.zero_()
+            self.counter.zero_()
+
+    def run(self, src: dict, perms: list[torch.Tensor]) -> torch.Tensor:
+        """Copy the batch and the minibatch indices in, replay one step per row; return the stats table."""
+        steps, mb = self.idx.shape
+        per_epoch = steps // len(perms)
+        for k, v in src.items():
+            self.src[k].copy_(v)
+        for e, perm in enumerate(perms):
+            self.idx[e * per_epoch : (e + 1) * per_epoch].copy_(perm[: per_epoch * mb].view(per_epoch, mb))
+        self.lr.fill_(float(self.optimizer.param_groups[0]["lr"]))
+        if self.graph is None:
+            self.capture()
+        self.counter.zero_()
+        for _ in range(steps):
+            self.graph.replay()
+        return self.stats
