@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -103,38 +104,15 @@ class PlaygroundVecEnv:
         self.env_name, self.num_envs, self.episode_length = env_name, num_envs, episode_length
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        config = registry.get_default_config(env_name)
-        if "impl" in config:
-            config.impl = "jax"  # MJX in JAX: no MuJoCo Warp (warp-lang) needed
-        base = registry.load(env_name, config=config)
-        if not isinstance(base.observation_size, int):
-            raise RunError(f"Playground task {env_name!r} has structured observations {base.observation_size}; this backend takes flat ones")
-        self.obs_dim, self.act_dim = int(base.observation_size), int(base.action_size)
+        key = (env_name, num_envs, episode_length, str(self._jax_device))
+        if key not in _BUILT:  # environments of the same shape share their compiled functions
+            _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device)
+        b = _BUILT[key]
+        self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
+        self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = b.env, b.keys, b.unpack, b.reset, b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
         self.action_high = torch.ones(self.act_dim, device=self.device)
-
-        # wrap_for_brax_training's stack (vmap, episode limit, auto-reset to the cached first state),
-        # with one layer between the last two that keeps the observation before the reset.
-        env = brax_training.VmapWrapper(base)
-        env = brax_training.EpisodeWrapper(env, episode_length, 1)
-        env = _KeepFinalObs(wrapper.Wrapper, env)
-        self._env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
         n, d = num_envs, self.obs_dim
-
-        def reset(keys):
-            state = self._env.reset(keys)
-            return state, state.obs
-
-        def step(state, action):
-            state = self._env.step(state, jnp.clip(action, -1.0, 1.0))
-            trunc = state.info["truncation"]
-            term = state.done * (1.0 - trunc)
-            ep = state.info["episode_metrics"]
-            parts = (state.obs, state.info["final_obs"], state.reward, term, trunc, ep["sum_reward"], ep["length"])
-            return state, jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
-
-        self._reset_fn = jax.jit(reset)
-        self._step_fn = jax.jit(step, donate_argnums=0)
         self._split = (n * d, n * d, n, n, n, n, n)
         self._state = None
         # Compile both functions now, so the first rollout is not charged for it.
@@ -164,9 +142,7 @@ class PlaygroundVecEnv:
     # -- the vector-env interface --------------------------------------------------------------
     def reset(self, seed: int) -> torch.Tensor:
         """Start every environment afresh from per-environment keys split from `seed`."""
-        jax = self._jax
-        keys = jax.random.split(jax.device_put(jax.random.PRNGKey(seed), self._jax_device), self.num_envs)
-        self._state, obs = self._reset_fn(keys)  # raw uint32 keys: brax's wrappers batch over them
+        self._state, obs = self._reset_fn(self._keys(seed))
         return self.to_torch(obs)
 
     def step(self, actions: torch.Tensor) -> tuple:
@@ -181,6 +157,74 @@ class PlaygroundVecEnv:
 
     def close(self) -> None:
         self._state = None
+
+
+_BUILT: dict = {}
+
+
+def _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device) -> SimpleNamespace:
+    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device)."""
+    config = registry.get_default_config(env_name)
+    if "impl" in config:
+        config.impl = "jax"  # MJX in JAX: no MuJoCo Warp (warp-lang) needed
+    base = registry.load(env_name, config=config)
+    if not isinstance(base.observation_size, int):
+        raise RunError(f"Playground task {env_name!r} has structured observations {base.observation_size}; this backend takes flat ones")
+    obs_dim, act_dim = int(base.observation_size), int(base.action_size)
+
+    # wrap_for_brax_training's stack (vmap, episode limit, auto-reset to the cached first state),
+    # with one layer between the last two that keeps the observation before the reset.
+    env = brax_training.VmapWrapper(base)
+    env = brax_training.EpisodeWrapper(env, episode_length, 1)
+    env = _KeepFinalObs(wrapper.Wrapper, env)
+    env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
+
+    def keys(seed: int):  # raw uint32 keys, (num_envs, 2): brax's wrappers batch over them
+        return jax.random.split(jax.device_put(jax.random.PRNGKey(seed), jax_device), num_envs)
+
+    pack, unpack = _state_packer(jax, jnp, jax.eval_shape(env.reset, keys(0)))
+
+    def reset(rngs):
+        state = env.reset(rngs)
+        return pack(state), state.obs
+
+    def step(flat_state, action):
+        state = env.step(unpack(flat_state), jnp.clip(action, -1.0, 1.0))
+        trunc = state.info["truncation"]
+        term = state.done * (1.0 - trunc)
+        ep = state.info["episode_metrics"]
+        parts = (state.obs, state.info["final_obs"], state.reward, term, trunc, ep["sum_reward"], ep["length"])
+        return pack(state), jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
+
+    return SimpleNamespace(env=env, keys=keys, unpack=unpack, reset=jax.jit(reset), step=jax.jit(step, donate_argnums=0),
+                           obs_dim=obs_dim, act_dim=act_dim)
+
+
+def _state_packer(jax, jnp, example):
+    """pack(state) -> one flat array per dtype, and unpack, for states shaped like `example`.
+
+    An MJX state is a pytree of ~180 arrays; every array passed to or returned from a jitted call
+    costs host time (~3 us each on a CPU). Packed, a step passes a handful, and XLA fuses the
+    slicing and concatenation into the step's own kernels."""
+    leaves, treedef = jax.tree.flatten(example)
+    dtypes = sorted({leaf.dtype for leaf in leaves}, key=str)
+    groups = [[i for i, leaf in enumerate(leaves) if leaf.dtype == dt] for dt in dtypes]
+
+    def pack(state):
+        xs = jax.tree.leaves(state)
+        return tuple(jnp.concatenate([xs[i].reshape(-1) for i in g]) for g in groups)
+
+    def unpack(flat):
+        xs = [None] * len(leaves)
+        for g, buf in zip(groups, flat):
+            offset = 0
+            for i in g:
+                size = leaves[i].size
+                xs[i] = buf[offset:offset + size].reshape(leaves[i].shape)
+                offset += size
+        return jax.tree.unflatten(treedef, xs)
+
+    return pack, unpack
 
 
 def _KeepFinalObs(base_cls, env):

@@ -3,13 +3,19 @@
 One environment is compiled for the whole module (compilation dominates: ~10-50 s on 2 cores).
 """
 
+import json
+import math
+import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-from fpo_utils.runfolder import EXIT_BAD_INPUT, RunError
+from fpo_utils.runfolder import EXIT_BAD_INPUT, RunError, read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EPISODE = 5
 
@@ -112,3 +118,40 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
     assert t.data_ptr() == x.unsafe_buffer_pointer() and torch.equal(t, torch.arange(12.0))
     src = torch.linspace(0, 1, 8)
     assert np.array_equal(np.asarray(env.to_jax(src)), src.numpy())
+
+
+def test_same_shape_shares_compiled_step_but_not_state(env):
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    other = PlaygroundVecEnv("CartpoleSwingup", 4, seed=0, device=torch.device("cpu"), episode_length=EPISODE)
+    assert other._step_fn is env._step_fn and other.compile_s < env.compile_s
+    other.reset(8)
+    env.reset(8)
+    env.step(torch.ones(4, 1))  # moves env only
+    o_other = other.step(torch.zeros(4, 1))[0].clone()
+    env.reset(8)
+    assert torch.equal(o_other, env.step(torch.zeros(4, 1))[0])
+
+
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
+    """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--backend", "playground", "--env-id", "CartpoleSwingup",
+           "--objective", objective, "--alpha-eps", "0.5", "--alpha", "0.5", "--runs-dir", str(tmp_path), "--run-name", "pg",
+           "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+           "--update-epochs", "2", "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
+           "--eval-every", "2", "--eval-episodes", "4", "--episode-length", "20", "--total-timesteps", "128"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "pg"
+    args = json.loads((run / "args.json").read_text())
+    assert (args["backend"], args["env_id"], args["episode_length"]) == ("playground", "CartpoleSwingup", 20)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["global_step"] == 128 and summary["updates_done"] == 2
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [0, 1, 2]
+    assert all(0.0 <= r["eval_return"] <= 20.0 for r in rows if "eval_return" in r)  # reward in [0, 1], 20 steps
+    # 4 environments x 16 steps, 20-step episodes: each environment ends one in update 2 (its steps 17-32)
+    assert rows[1]["episodes"] == 0 and rows[2]["episodes"] == 4 and rows[2]["episodic_length"] == 20.0
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
