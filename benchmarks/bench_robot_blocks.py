@@ -83,6 +83,7 @@ def main() -> None:
     p.add_argument("--ours-pythonpath", default="")
     p.add_argument("--peer-pythonpath", default="")
     p.add_argument("--peer-script", default=str(ROOT.parent / "shared" / "peers" / "run_official_fpo.py"))
+    p.add_argument("--runs", nargs="*", default=[], help="only these side:task pairs (e.g. ours:WalkerRun); default all")
     p.add_argument("--ours-flags", default="", help="extra robot_fpo.py flags (e.g. a CPU smoke test)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped")
     p.add_argument("--out", type=Path, default=Path("bench_blocks"))
@@ -96,6 +97,8 @@ def main() -> None:
     rows = []
     for task, b in zip(args.tasks, blocks):
         for fn in (ours, official):
+            if args.runs and f"{fn.__name__}:{task}" not in args.runs:
+                continue
             rows.append(fn(task, b, args))
             print(json.dumps(rows[-1]), flush=True)
     (args.out / "blocks.json").write_text(json.dumps({"card": card, "rows": rows}, indent=1))
