@@ -1,0 +1,244 @@
+"""MuJoCo Playground's DM Control suite tasks (JAX/MJX physics) stepped from a torch trainer.
+
+The physics runs in JAX on the device the trainer's tensors live on; observations, rewards and
+flags come back to torch, and actions go to JAX, through DLPack: both sides read the same memory,
+nothing is copied to the host. One jitted function does a whole vectorised step (physics, episode
+bookkeeping, auto-reset) and returns its outputs packed in one flat buffer, so a step costs one
+dispatch and two DLPack hand-overs of host work.
+
+Episodes follow the official FPO code and brax's training wrappers
+(`mujoco_playground.wrapper.wrap_for_brax_training`, action_repeat 1): an episode is cut after
+`episode_length` steps (`truncated`), a physics failure ends it (`terminated`), and a finished
+environment restarts from its own cached first state (the state `reset` drew for it), not from a
+fresh random one. The observation that ended the episode is kept as `info["final_obs"]`, so the
+trainer can bootstrap a truncated episode from it.
+
+JAX, Playground and MJX are imported only when an environment is made (`pip install -e
+'.[playground]'`). JAX's memory preallocation is turned off before JAX starts
+(XLA_PYTHON_CLIENT_PREALLOCATE=false unless set), so JAX takes device memory as it needs it and
+leaves the rest to torch; XLA_FLAGS gains --xla_gpu_triton_gemm_any=True, as Playground advises.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import time
+from types import SimpleNamespace
+
+import torch
+
+from fpo_utils.runfolder import RunError
+
+INSTALL_HINT = "pip install -e '.[playground]'"
+
+
+def _import_jax_playground():
+    """Import jax, Playground and brax's training wrappers, with JAX set up to share the device."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when JAX's backend starts
+    os.environ.setdefault("MUJOCO_GL", "disable")  # no rendering; avoids probing for GL at import
+    if "xla_gpu_triton_gemm_any" not in os.environ.get("XLA_FLAGS", ""):  # Playground's advice for MJX on GPUs
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_triton_gemm_any=True").strip()
+    try:
+        import jax
+        from brax.envs.wrappers import training as brax_training
+        from mujoco_playground import registry, wrapper
+    except ImportError as err:
+        raise RunError(f"the playground backend needs jax and MuJoCo Playground ({err.name} is missing): {INSTALL_HINT}") from None
+    return jax, registry, wrapper, brax_training
+
+
+def playground_tasks() -> tuple[str, ...]:
+    """The DM Control suite task names this backend accepts."""
+    _, registry, _, _ = _import_jax_playground()
+    return tuple(registry.dm_control_suite.ALL_ENVS)
+
+
+def check_task(env_name: str) -> None:
+    """Raise a one-line RunError for a name that is not a Playground DM Control suite task."""
+    tasks = playground_tasks()
+    if env_name not in tasks:
+        close = difflib.get_close_matches(env_name, tasks, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise RunError(f"unknown Playground task {env_name!r}: {hint}DM Control suite tasks are {', '.join(tasks)}")
+
+
+def jax_device_for(jax, device: torch.device):
+    """The JAX device holding the same memory as torch `device` (same index among visible GPUs)."""
+    if device.type == "cpu":
+        return jax.devices("cpu")[0]
+    if device.type != "cuda":
+        raise RunError(f"the playground backend runs on cpu or cuda devices, not {device.type!r}")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        raise RunError(f"device {device} asked for, but this JAX has no GPU backend: install JAX with CUDA (pip install 'jax[cuda12]')") from None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= len(gpus):
+        raise RunError(f"device {device} asked for, but JAX sees {len(gpus)} GPU(s)")
+    return gpus[index]
+
+
+class PlaygroundVecEnv:
+    """`num_envs` copies of one Playground DM Control suite task, batched in JAX, driven from torch.
+
+    `step(actions)` takes a float32 [num_envs, act_dim] tensor in [-1, 1] on `device` and returns
+    `(obs, reward, terminated, truncated, info)`: obs float32 [N, obs_dim]; reward float32 [N];
+    terminated, truncated bool [N]; info holds float32 tensors `final_obs` [N, obs_dim] (the
+    observation that ended the episode, equal to obs where nothing ended), `episode_return` and
+    `episode_length` [N] (of the episode that ended at this step; meaningful where terminated or
+    truncated). All outputs are read-only views of JAX's memory, valid until dropped: do not write
+    into them. Nothing in a step waits for the device.
+    """
+
+    def __init__(self, env_name: str, num_envs: int, seed: int, device: torch.device, episode_length: int = 1000):
+        if num_envs < 1:
+            raise RunError(f"num_envs must be at least 1, got {num_envs}")
+        if episode_length < 1:
+            raise RunError(f"episode_length must be at least 1, got {episode_length}")
+        jax, registry, wrapper, brax_training = _import_jax_playground()
+        check_task(env_name)
+        import jax.numpy as jnp
+
+        self._jax, self._jnp = jax, jnp
+        self.env_name, self.num_envs, self.episode_length = env_name, num_envs, episode_length
+        self.device = torch.device(device)
+        self._jax_device = jax_device_for(jax, self.device)
+        key = (env_name, num_envs, episode_length, str(self._jax_device))
+        if key not in _BUILT:  # environments of the same shape share their compiled functions
+            _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device)
+        b = _BUILT[key]
+        self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
+        self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = b.env, b.keys, b.unpack, b.reset, b.step
+        self.action_low = -torch.ones(self.act_dim, device=self.device)
+        self.action_high = torch.ones(self.act_dim, device=self.device)
+        n, d = num_envs, self.obs_dim
+        self._split = (n * d, n * d, n, n, n, n, n)
+        self._state = None
+        # Compile both functions now, so the first rollout is not charged for it.
+        t0 = time.perf_counter()
+        self.reset(seed)
+        _, packed = self._step_fn(self._state, jnp.zeros((n, self.act_dim), jnp.float32, device=self._jax_device))
+        packed.block_until_ready()
+        self._state = None
+        self.reset(seed)
+        self.compile_s = time.perf_counter() - t0
+
+    # -- hand-over -----------------------------------------------------------------------------
+    def to_torch(self, x) -> torch.Tensor:
+        """A JAX array as a torch tensor on the same memory (DLPack, no copy)."""
+        return torch.from_dlpack(x)
+
+    def to_jax(self, t: torch.Tensor):
+        """A contiguous torch tensor as a JAX array on the same memory (DLPack, no copy)."""
+        return self._jax.dlpack.from_dlpack(t)
+
+    def _unpack(self, packed: torch.Tensor) -> tuple:
+        n, d = self.num_envs, self.obs_dim
+        obs, final_obs, reward, term, trunc, ep_ret, ep_len = torch.split(packed, self._split)
+        info = {"final_obs": final_obs.view(n, d), "episode_return": ep_ret, "episode_length": ep_len}
+        return obs.view(n, d), reward, term > 0.5, trunc > 0.5, info
+
+    # -- the vector-env interface --------------------------------------------------------------
+    def reset(self, seed: int) -> torch.Tensor:
+        """Start every environment afresh from per-environment keys split from `seed`."""
+        self._state, obs = self._reset_fn(self._keys(seed))
+        return self.to_torch(obs)
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        """One step of every environment; see the class docstring for what comes back."""
+        if self._state is None:
+            raise RuntimeError("step() before reset()")
+        a = actions.detach().to(self.device, torch.float32).contiguous()
+        self._state, packed = self._step_fn(self._state, self.to_jax(a))
+        # torch's stream waits for the step here (DLPack stream hand-shake), so the action buffer
+        # may be reused by torch once this returns.
+        return self._unpack(self.to_torch(packed))
+
+    def close(self) -> None:
+        self._state = None
+
+
+_BUILT: dict = {}
+
+
+def _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device) -> SimpleNamespace:
+    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device)."""
+    config = registry.get_default_config(env_name)
+    if "impl" in config:
+        config.impl = "jax"  # MJX in JAX: no MuJoCo Warp (warp-lang) needed
+    base = registry.load(env_name, config=config)
+    if not isinstance(base.observation_size, int):
+        raise RunError(f"Playground task {env_name!r} has structured observations {base.observation_size}; this backend takes flat ones")
+    obs_dim, act_dim = int(base.observation_size), int(base.action_size)
+
+    # wrap_for_brax_training's stack (vmap, episode limit, auto-reset to the cached first state),
+    # with one layer between the last two that keeps the observation before the reset.
+    env = brax_training.VmapWrapper(base)
+    env = brax_training.EpisodeWrapper(env, episode_length, 1)
+    env = _KeepFinalObs(wrapper.Wrapper, env)
+    env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
+
+    def keys(seed: int):  # raw uint32 keys, (num_envs, 2): brax's wrappers batch over them
+        return jax.random.split(jax.device_put(jax.random.PRNGKey(seed), jax_device), num_envs)
+
+    pack, unpack = _state_packer(jax, jnp, jax.eval_shape(env.reset, keys(0)))
+
+    def reset(rngs):
+        state = env.reset(rngs)
+        return pack(state), state.obs
+
+    def step(flat_state, action):
+        state = env.step(unpack(flat_state), jnp.clip(action, -1.0, 1.0))
+        trunc = state.info["truncation"]
+        term = state.done * (1.0 - trunc)
+        ep = state.info["episode_metrics"]
+        parts = (state.obs, state.info["final_obs"], state.reward, term, trunc, ep["sum_reward"], ep["length"])
+        return pack(state), jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
+
+    return SimpleNamespace(env=env, keys=keys, unpack=unpack, reset=jax.jit(reset), step=jax.jit(step, donate_argnums=0),
+                           obs_dim=obs_dim, act_dim=act_dim)
+
+
+def _state_packer(jax, jnp, example):
+    """pack(state) -> one flat array per dtype, and unpack, for states shaped like `example`.
+
+    An MJX state is a pytree of ~180 arrays; every array passed to or returned from a jitted call
+    costs host time (~3 us each on a CPU). Packed, a step passes a handful, and XLA fuses the
+    slicing and concatenation into the step's own kernels."""
+    leaves, treedef = jax.tree.flatten(example)
+    dtypes = sorted({leaf.dtype for leaf in leaves}, key=str)
+    groups = [[i for i, leaf in enumerate(leaves) if leaf.dtype == dt] for dt in dtypes]
+
+    def pack(state):
+        xs = jax.tree.leaves(state)
+        return tuple(jnp.concatenate([xs[i].reshape(-1) for i in g]) for g in groups)
+
+    def unpack(flat):
+        xs = [None] * len(leaves)
+        for g, buf in zip(groups, flat):
+            offset = 0
+            for i in g:
+                size = leaves[i].size
+                xs[i] = buf[offset:offset + size].reshape(leaves[i].shape)
+                offset += size
+        return jax.tree.unflatten(treedef, xs)
+
+    return pack, unpack
+
+
+def _KeepFinalObs(base_cls, env):
+    """`env` with `info["final_obs"]` = the observation a step produced, before any auto-reset."""
+
+    class KeepFinalObs(base_cls):
+        def reset(self, rng):
+            state = self.env.reset(rng)
+            state.info["final_obs"] = state.obs
+            return state
+
+        def step(self, state, action):
+            state = self.env.step(state, action)
+            state.info["final_obs"] = state.obs
+            return state
+
+    return KeepFinalObs(env)

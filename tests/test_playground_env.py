@@ -1,0 +1,157 @@
+"""The MuJoCo Playground backend (fpo_utils/playground_env.py), on the CPU with 4 environments.
+
+One environment is compiled for the whole module (compilation dominates: ~10-50 s on 2 cores).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fpo_utils.runfolder import EXIT_BAD_INPUT, RunError, read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+EPISODE = 5
+
+
+def test_missing_backend_names_the_extra(monkeypatch):
+    from fpo_utils import playground_env
+
+    monkeypatch.setitem(sys.modules, "mujoco_playground", None)  # import fails as if not installed
+    with pytest.raises(RunError) as err:
+        playground_env.PlaygroundVecEnv("CartpoleSwingup", 4, 0, torch.device("cpu"))
+    assert "pip install -e '.[playground]'" in str(err.value) and "\n" not in str(err.value)
+    assert err.value.code == EXIT_BAD_INPUT
+
+
+def test_num_envs_below_one_is_refused():
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    with pytest.raises(RunError, match="num_envs must be at least 1, got 0"):
+        PlaygroundVecEnv("CartpoleSwingup", 0, 0, torch.device("cpu"))
+
+
+pg = pytest.importorskip("mujoco_playground", reason="the playground extra is not installed (pip install -e '.[playground]')")
+
+
+def test_unknown_task_lists_close_matches():
+    from fpo_utils.playground_env import check_task
+
+    with pytest.raises(RunError) as err:
+        check_task("CartPoleSwingUp")
+    msg = str(err.value)
+    assert "'CartPoleSwingUp'" in msg and "did you mean CartpoleSwingup" in msg and "\n" not in msg
+
+
+@pytest.fixture(scope="module")
+def env():
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    e = PlaygroundVecEnv("CartpoleSwingup", 4, seed=0, device=torch.device("cpu"), episode_length=EPISODE)
+    yield e
+    e.close()
+
+
+def actions(n: int, d: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(4, d, generator=g) * 2 - 1 for _ in range(n)]
+
+
+def test_shapes_and_dtypes(env):
+    assert (env.obs_dim, env.act_dim) == (5, 1)  # cart position, pole cos/sin, two velocities; one force
+    assert torch.equal(env.action_low, -torch.ones(1)) and torch.equal(env.action_high, torch.ones(1))
+    obs = env.reset(1)
+    assert obs.shape == (4, 5) and obs.dtype == torch.float32 and obs.device.type == "cpu"
+    o, r, term, trunc, info = env.step(torch.zeros(4, 1))
+    assert o.shape == (4, 5) and o.dtype == torch.float32
+    assert r.shape == term.shape == trunc.shape == (4,) and r.dtype == torch.float32
+    assert term.dtype == trunc.dtype == torch.bool
+    assert info["final_obs"].shape == (4, 5)
+    assert info["episode_return"].shape == info["episode_length"].shape == (4,)
+    assert torch.isfinite(o).all() and torch.isfinite(r).all()
+
+
+def test_auto_reset_at_episode_length(env):
+    first = env.reset(2).clone()
+    ret = torch.zeros(4)
+    for k, a in enumerate(actions(2 * EPISODE + 1, env.act_dim, seed=0)):
+        o, r, term, trunc, info = env.step(a)
+        ret += r
+        cut = (k + 1) % EPISODE == 0
+        assert not term.any()  # cartpole never fails
+        assert trunc.all() if cut else not trunc.any(), k
+        if cut:
+            assert torch.equal(info["episode_length"], torch.full((4,), float(EPISODE)))
+            assert torch.allclose(info["episode_return"], ret, rtol=1e-5, atol=1e-7)
+            # each environment restarts from its own first state; the last observation is kept
+            assert torch.equal(o, first)
+            assert not torch.equal(info["final_obs"], first)
+            ret.zero_()
+        else:
+            assert torch.equal(info["final_obs"], o)
+            assert torch.equal(info["episode_length"], torch.full((4,), float(k % EPISODE + 1)))
+
+
+def test_dlpack_hand_over_matches_a_numpy_copy(env):
+    import jax.numpy as jnp
+
+    acts = actions(7, env.act_dim, seed=1)
+    env.reset(3)
+    via_dlpack = [torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, i["final_obs"])]).clone() for o, r, te, tr, i in map(env.step, acts)]
+    env.reset(3)
+    state = env._state
+    for a, got in zip(acts, via_dlpack):
+        state, packed = env._step_fn(state, jnp.asarray(a.numpy()))
+        o, r, te, tr, info = env._unpack(torch.from_numpy(np.array(packed)))  # host copy
+        want = torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, info["final_obs"])])
+        assert torch.equal(got, want)
+    env._state = state
+    # zero-copy: the torch tensor reads the JAX buffer itself
+    x = jnp.arange(12, dtype=jnp.float32)
+    t = env.to_torch(x)
+    assert t.data_ptr() == x.unsafe_buffer_pointer() and torch.equal(t, torch.arange(12.0))
+    src = torch.linspace(0, 1, 8)
+    assert np.array_equal(np.asarray(env.to_jax(src)), src.numpy())
+
+
+def test_same_shape_shares_compiled_step_but_not_state(env):
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    other = PlaygroundVecEnv("CartpoleSwingup", 4, seed=0, device=torch.device("cpu"), episode_length=EPISODE)
+    assert other._step_fn is env._step_fn and other.compile_s < env.compile_s
+    other.reset(8)
+    env.reset(8)
+    env.step(torch.ones(4, 1))  # moves env only
+    o_other = other.step(torch.zeros(4, 1))[0].clone()
+    env.reset(8)
+    assert torch.equal(o_other, env.step(torch.zeros(4, 1))[0])
+
+
+@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
+def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
+    """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--backend", "playground", "--env-id", "CartpoleSwingup",
+           "--objective", objective, "--alpha-eps", "0.5", "--alpha", "0.5", "--runs-dir", str(tmp_path), "--run-name", "pg",
+           "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+           "--update-epochs", "2", "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
+           "--eval-every", "2", "--eval-episodes", "4", "--episode-length", "20", "--total-timesteps", "128"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "pg"
+    args = json.loads((run / "args.json").read_text())
+    assert (args["backend"], args["env_id"], args["episode_length"]) == ("playground", "CartpoleSwingup", 20)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["global_step"] == 128 and summary["updates_done"] == 2
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [0, 1, 2]
+    assert all(0.0 <= r["eval_return"] <= 20.0 for r in rows if "eval_return" in r)  # reward in [0, 1], 20 steps
+    # 4 environments x 16 steps, 20-step episodes: each environment ends one in update 2 (its steps 17-32)
+    assert rows[1]["episodes"] == 0 and rows[2]["episodes"] == 4 and rows[2]["episodic_length"] == 20.0
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
