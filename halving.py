@@ -115,6 +115,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
+from fpo_utils.runfolder import CHECKPOINT, atomic_write_text, read_jsonl
 
 ROOT = Path(__file__).resolve().parent
 CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
@@ -290,7 +291,6 @@ class RobotGrid(Sweep):
 # Sweeps: one arm segment (a Ray task, or a call in this process)
 # ---------------------------------------------------------------------------------------------
 SCORE_KEY = {"cifar": "val_reward", "robot": "eval_return"}  # the metrics field an arm is ranked by
-CHECKPOINT = "checkpoints/last.pt"
 
 
 def _trainer(spec) -> str:
@@ -302,17 +302,8 @@ def _trainer(spec) -> str:
                      "CifarGrid, RobotGrid")
 
 
-def _read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _write_json(obj: Any, path: Path) -> None:
-    """Write JSON atomically (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2))
 
 
 def arm_state(folder: Path, score_key: str) -> Dict[str, Any]:
@@ -321,10 +312,14 @@ def arm_state(folder: Path, score_key: str) -> Dict[str, Any]:
     folder = Path(folder)
     summary = folder / "summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {}
-    curve = {int(r["update"]): float(r[score_key]) for r in _read_jsonl(folder / "metrics.jsonl")
+    curve = {int(r["update"]): float(r[score_key]) for r in read_jsonl(folder / "metrics.jsonl")
              if r.get(score_key) is not None}
     return {"run": str(folder), "updates_done": int(s.get("updates_done") or 0), "status": s.get("status"),
             "stop_reason": s.get("stop_reason"), "has_checkpoint": (folder / CHECKPOINT).exists(), "curve": curve}
+
+
+class ArmInterrupted(Exception):
+    """A segment stopped early by SIGINT/SIGTERM (its arm checkpointed): Ray re-runs it from there."""
 
 
 def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
@@ -353,7 +348,10 @@ def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = 
             robot_fpo.main(replace(args, torch_threads=threads) if threads > 0 else args)
     finally:
         torch.set_num_threads(old)
-    return arm_state(folder, SCORE_KEY[trainer])
+    state = arm_state(folder, SCORE_KEY[trainer])
+    if state["status"] == "interrupted":
+        raise ArmInterrupted(f"{args.run_name} interrupted at update {state['updates_done']}")
+    return state
 
 
 def _reason(err: BaseException) -> str:
@@ -416,12 +414,15 @@ def _run_segments(jobs: List[Dict[str, Any]], spec, ray, resources: Dict[str, fl
         for job in jobs:
             try:
                 done(job["key"], run_segment(job["trainer"], job["args"], spec.threads, job["pid_file"]))
+            except ArmInterrupted:
+                raise KeyboardInterrupt from None  # Ctrl-C here: stop the sweep (re-run to continue)
             except Exception as err:  # a failing arm does not stop the sweep
                 failed(job["key"], _reason(err))
         return results, failures
     import halving as module  # so that workers import run_segment by name, also when this file is __main__
 
-    task = ray.remote(module.run_segment).options(max_retries=spec.max_retries, retry_exceptions=False, **resources)
+    task = ray.remote(module.run_segment).options(max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted],
+                                                  **resources)
     refs = {task.remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job["key"] for job in jobs}
     pending = list(refs)
     try:
@@ -962,7 +963,7 @@ def read_run(folder: Path, unit: str = "updates") -> Dict[str, Any]:
     if unit not in ("updates", "steps"):
         raise ValueError(f"unit {unit!r} is not one of updates, steps")
     args = json.loads((folder / "args.json").read_text())
-    rows = _read_jsonl(folder / "metrics.jsonl")
+    rows = read_jsonl(folder / "metrics.jsonl")
     if "env_id" in args:  # robot_fpo.py
         scheduled = args.get("alpha_early") is not None or args.get("alpha_late") is not None
         exponent = args["alpha_eps"] if args["objective"] == "fpo" else args["alpha"]
