@@ -55,8 +55,8 @@ Faults
     ``--resume``), so the arm's results equal an uninterrupted run's. A segment that raises (a
     deterministic error, not retried) or whose worker keeps dying marks its arm failed with the
     reason: the arm scores NaN at that rung and is eliminated, the tournament goes on with the
-    rest, and ``failures`` lists it, as the paper reports divergent runs. A non-finite arm (status
-    ``nonfinite``) is ranked last in the same way.
+    rest, and ``failures`` lists it. A non-finite arm (status ``nonfinite``) is ranked last and
+    listed in the same way, as the paper reports divergent runs.
 
 Replay (``replay``, function `replay`)
     ``curves`` maps each candidate to an array (seeds, evaluations) of validation rewards or
@@ -592,6 +592,9 @@ def run_tournament(spec) -> Dict[str, Any]:
             print(f"rung {rung * per} {unit}: {len(jobs)} segment(s) of {len(alive)} candidate(s)", flush=True)
             done, failed = _run_segments(jobs, spec, ray, resources)
             states.update(done)
+            for arm, st in states.items():  # a diverged arm is reported with the failures, as the paper does
+                if st["status"] == "nonfinite" and arm not in failed:
+                    failed[arm] = f"non-finite ({st['stop_reason']})"
             for a in alive:
                 for s in seeds:
                     if _arm_name(a, s) in failed:

@@ -42,7 +42,7 @@ def run_cli(args, cwd, check=True):
 # ------------------------------------------------------------------------------------------------
 def test_help_lists_the_commands(tmp_path):
     out = run_cli(["--help"], cwd=tmp_path).stdout
-    for cmd in ("cifar", "robot", "replay"):
+    for cmd in ("cifar", "robot", "cifar-grid", "robot-grid", "replay", "curves"):
         assert cmd in out
 
 
@@ -185,6 +185,33 @@ def test_a_failing_arm_is_marked_failed_and_the_tournament_goes_on(tiny_train, t
     assert res["arms"]["1"]["replicates"][0]["failed"] == first["failed"][bad.name]
     assert res["cost"]["trained"] == 2 * 2 + 2 * (4 - 2)  # the failed arm trained nothing
     assert json.loads((tmp_path / "f/tournament.json").read_text())["failures"] == res["failures"]
+
+
+def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
+    spec = halving.CifarGrid(alphas=(0.0, -1.0), seeds=(5, 6), rewards=("red-patch", "mixed-texture"),
+                             out_dir=str(tmp_path), name="g", ray=False, threads=1,
+                             train=replace(tiny_train, num_updates=4))
+    res = halving.run_grid(spec)
+    assert len(res["runs"]) == 8 and res["failures"] == [] and res["cost"]["C"] == 8.0
+    for r in res["runs"]:
+        args = json.loads((Path(r["run"]) / "args.json").read_text())
+        assert (args["reward"], args["alpha"], args["seed"]) == (r["task"], float(r["alpha"]), r["seed"])
+        vals = {x["update"]: x["val_reward"] for x in read_jsonl(Path(r["run"]) / "metrics.jsonl")
+                if x.get("kind") == "validation"}
+        assert sorted(vals) == [0, 2, 4] and r["trained"] == 4 and r["status"] == "finished"
+        best = max(vals.values())
+        assert r["peak"] == best and r["peak_update"] == min(k for k, v in vals.items() if v == best)  # eq:peak
+    assert [(row["task"], row["alpha"]) for row in res["table"]] == [
+        ("red-patch", "0"), ("red-patch", "-1"), ("mixed-texture", "0"), ("mixed-texture", "-1")]
+    for row in res["table"]:
+        peaks = [r["peak"] for r in res["runs"] if (r["task"], r["alpha"]) == (row["task"], row["alpha"])]
+        assert row["peaks"] == {"5": peaks[0], "6": peaks[1]} and row["n"] == 2
+        assert row["mean"] == pytest.approx(np.mean(peaks)) and row["sd"] == pytest.approx(np.std(peaks, ddof=1))
+    md = (tmp_path / "g/grid.md").read_text().splitlines()
+    assert md[0] == "| Task | alpha | n | Peak mean ± SD | seed 5 | seed 6 | Notes |"
+    row = res["table"][1]
+    assert md[3] == (f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['peaks']['5']:.6f} | "
+                     f"{row['peaks']['6']:.6f} |  |")
 
 
 def test_bad_tournament_settings_raise(tiny_train, tmp_path):
