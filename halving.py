@@ -523,8 +523,9 @@ def _arm_args(trainer: str, base, alpha: float, seed: int, until: Optional[int],
 def _sweep_config(trainer: str, args, **kw) -> Dict[str, Any]:
     """What defines a sweep's results (the settings of every arm, less the per-arm and placement ones)."""
     train = {k: v for k, v in asdict(args).items()
-             if k not in ("device", "cuda", "verbose", "save_samples", "run_name", "runs_dir", "until",
-                          "resume", "seed", "alpha", "alpha_eps", "torch_threads", "reward", "env_id")}
+             if k not in ("device", "cuda", "verbose", "save_samples", "run_name", "runs_dir", "until", "resume", "seed",
+                          "alpha", "alpha_eps", "torch_threads", "env_threads", "reward", "env_id", "track",
+                          "wandb_project_name", "wandb_entity")}
     return json.loads(json.dumps({"trainer": trainer, **kw, "train": train}))
 
 
@@ -966,25 +967,25 @@ def read_run(folder: Path, unit: str = "updates") -> Dict[str, Any]:
     if unit not in ("updates", "steps"):
         raise ValueError(f"unit {unit!r} is not one of updates, steps")
     args = json.loads((folder / "args.json").read_text())
-    rows = read_jsonl(folder / "metrics.jsonl")
     if "env_id" in args:  # robot_fpo.py
+        trainer = "robot"
         scheduled = args.get("alpha_early") is not None or args.get("alpha_late") is not None
         exponent = args["alpha_eps"] if args["objective"] == "fpo" else args["alpha"]
         label = "schedule" if scheduled else fmt_label(exponent)
-        key = "global_step" if unit == "steps" else "update"
-        curve = {float(r[key]): float(r["eval_return"]) for r in rows if r.get("eval_return") is not None}
         task = f"{args['env_id']} {args['objective']}"
     elif "reward" in args:  # cifar_fpo.py
+        trainer = "cifar"
         if unit != "updates":
             raise ValueError(f"unit {unit!r}: CIFAR runs count updates only")
         if args["weighting"] == "fixed":
             label = args["target"] if args.get("target") else fmt_label(args["alpha"])
         else:
             label = args["weighting"]
-        curve = {float(r["update"]): float(r["val_reward"]) for r in rows if r.get("kind") == "validation"}
         task = args["reward"]
     else:
         raise ValueError(f"{folder}/args.json is neither a cifar_fpo.py nor a robot_fpo.py run")
+    key, score = ("global_step" if unit == "steps" else "update"), SCORE_KEY[trainer]
+    curve = {float(r[key]): float(r[score]) for r in read_jsonl(folder / "metrics.jsonl") if r.get(score) is not None}
     if not curve:
         raise ValueError(f"{folder} has no evaluation records in metrics.jsonl")
     return {"task": task, "label": label, "seed": int(args["seed"]), "curve": curve, "folder": str(folder)}
