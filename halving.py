@@ -115,7 +115,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
-from fpo_utils.runfolder import CHECKPOINT, atomic_write_text, read_jsonl
+from fpo_utils.runfolder import CHECKPOINT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, read_jsonl
 
 ROOT = Path(__file__).resolve().parent
 CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
@@ -534,7 +534,10 @@ def _open_sweep(spec, kind: str, name: str, config: Dict[str, Any]) -> Tuple[Pat
     path = folder / f"{kind}.json"
     if path.exists() and json.loads(path.read_text()).get("config") != config:
         raise ValueError(f"{folder} holds a different {kind}; choose another --name or --out-dir")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create {folder}: {err.strerror}; choose another --out-dir", EXIT_IO) from err
     return folder, path
 
 
@@ -1187,6 +1190,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
 if __name__ == "__main__":
     try:
         main()
+    except RunError as err:  # e.g. an unwritable --out-dir
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.code)
     except ValueError as err:  # bad input: one line naming the value and what is allowed
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        print("error: interrupted; run the same command again to continue from the arms' checkpoints", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

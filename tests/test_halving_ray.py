@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -172,6 +173,24 @@ def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     assert json.loads((tmp_path / "g/grid.json").read_text()) == json.loads(json.dumps(res))
     again = halving.run_grid(spec)  # every run has ended: nothing to train, the same table
     assert again["table"] == res["table"]
+
+
+def test_the_command_line_joins_a_running_ray_through_ray_address(local_ray, tiny_train, tmp_path):
+    t = tiny_train
+    flags = ["--train.model", t.model, "--train.reward", t.reward, "--train.device", "cpu", "--train.batch-size", "4",
+             "--train.group-size", "2", "--train.mc-draws", "2", "--train.sample-steps", "2", "--train.val-every", "2",
+             "--train.val-banks", "1", "--train.val-bank-size", "4", "--train.calib-bank-size", "8",
+             "--train.fit-batch-size", "4", "--train.num-updates", "2", "--train.no-verbose", "--train.no-save-samples"]
+    address = ray.get_runtime_context().gcs_address
+    cmd = [sys.executable, str(ROOT / "halving.py"), "cifar-grid", "--alphas", "0", "1", "--seeds", "1", "--threads", "1",
+           "--out-dir", str(tmp_path), "--name", "g", "--ray-address", address, *flags]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "g/grid.json").read_text())
+    assert res["run_info"]["executor"] == "ray" and [r["status"] for r in res["runs"]] == ["finished", "finished"]
+    assert "| red-patch | 1 | 1 |" in proc.stdout and (tmp_path / "g/grid.md").read_text() in proc.stdout + "\n"
+    assert ray.is_initialized()  # the command left the Ray it joined running
 
 
 def test_tournament_on_a_two_node_cluster_equals_the_in_process_run(reference, tiny_train, tmp_path):
