@@ -214,6 +214,14 @@ def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
                      f"{row['peaks']['6']:.6f} |  |")
 
 
+def test_without_ray_arms_run_in_this_process(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: `import ray` fails
+    assert halving._connect(halving.CifarTournament()) == (None, False)
+    assert halving._connect(halving.CifarTournament(ray=False)) == (None, False)
+    with pytest.raises(ValueError, match="needs Ray"):
+        halving._connect(halving.CifarTournament(ray_address="auto"))
+
+
 def test_bad_tournament_settings_raise(tiny_train, tmp_path):
     with pytest.raises(ValueError, match="val-every"):
         halving.run_tournament(halving.CifarTournament(rungs=(3, 6), out_dir=str(tmp_path), train=tiny_train))
