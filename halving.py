@@ -381,10 +381,7 @@ def _connect(spec):
 
 
 def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
-    if spec.gpus_per_arm is not None and spec.gpus_per_arm < 0:
-        raise ValueError(f"--gpus-per-arm {spec.gpus_per_arm} must be >= 0")
-    if spec.cpus_per_arm is not None and spec.cpus_per_arm <= 0:
-        raise ValueError(f"--cpus-per-arm {spec.cpus_per_arm} must be > 0")
+    """Ray resources of one arm (see `Sweep.gpus_per_arm`, `Sweep.cpus_per_arm`)."""
     gpus = spec.gpus_per_arm
     if gpus is None:
         wants = (base.device == "auto" or base.device.startswith("cuda")) if trainer == "cifar" else base.cuda
@@ -392,6 +389,11 @@ def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
     cpus = spec.cpus_per_arm
     if cpus is None:
         cpus = float(max(1, spec.threads or (base.torch_threads if trainer == "robot" else 1)))
+    if ray is not None:
+        have = ray.cluster_resources()
+        if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0):
+            print(f"warning: an arm needs {cpus:g} CPUs and {gpus:g} GPUs, the Ray cluster has {have.get('CPU', 0):g} "
+                  f"and {have.get('GPU', 0):g}: arms wait until nodes that large join", file=sys.stderr, flush=True)
     return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
 
 
@@ -461,6 +463,10 @@ def _check_common(spec) -> Tuple[List[float], List[int]]:
         raise ValueError(f"--threads {spec.threads} must be >= 0")
     if spec.max_retries < 0:
         raise ValueError(f"--max-retries {spec.max_retries} must be >= 0")
+    if spec.gpus_per_arm is not None and spec.gpus_per_arm < 0:
+        raise ValueError(f"--gpus-per-arm {spec.gpus_per_arm} must be >= 0")
+    if spec.cpus_per_arm is not None and spec.cpus_per_arm <= 0:
+        raise ValueError(f"--cpus-per-arm {spec.cpus_per_arm} must be > 0")
     return alphas, seeds
 
 

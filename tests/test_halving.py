@@ -229,6 +229,11 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
         halving.run_tournament(halving.CifarTournament(rungs=(4, 2), out_dir=str(tmp_path), train=tiny_train))
     with pytest.raises(ValueError, match="distinct"):
         halving.run_tournament(halving.CifarTournament(alphas=(0.0, 0.0), out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="--cpus-per-arm 0"):
+        halving.run_tournament(halving.CifarTournament(rungs=(2,), cpus_per_arm=0, out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="--gpus-per-arm -1"):
+        halving.run_grid(halving.CifarGrid(gpus_per_arm=-1, out_dir=str(tmp_path), train=tiny_train))
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_robot_tournament(tmp_path):
