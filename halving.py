@@ -536,7 +536,7 @@ def _sweep_config(trainer: str, args, **kw) -> Dict[str, Any]:
 
 
 def _open_sweep(spec, kind: str, name: str, config: Dict[str, Any]) -> Tuple[Path, Path]:
-    folder = Path(spec.out_dir) / name
+    folder = Path(spec.out_dir).absolute() / name  # absolute: workers elsewhere write to the same place
     path = folder / f"{kind}.json"
     if path.exists() and json.loads(path.read_text()).get("config") != config:
         raise ValueError(f"{folder} holds a different {kind}; choose another --name or --out-dir")
