@@ -1,11 +1,14 @@
-"""Successive halving over timestep-weighting profiles: live tournaments and a replay over
-recorded learning curves (sec:halving, app:halving, app:halving-robotics, app:search-settings).
+"""Successive halving over timestep-weighting profiles: live tournaments, grids of runs, and a
+replay over recorded learning curves (sec:halving, app:halving, app:halving-robotics, app:search-settings).
 
 Commands::
 
     python halving.py cifar                       # alpha in {-2,-1,0,1}, q+Z, rungs 200/400/800
     python halving.py cifar --rungs 20 40 80 --train.reward simclr
     python halving.py robot --alphas 0 .25 .5 1 --rungs 100 200 400 --train.env-id Walker2d-v5
+    python halving.py cifar-grid --rewards edge simclr --seeds 1 2 3      # every run to the budget
+    python halving.py robot-grid --env-ids Walker2d-v5 --alphas .5 1 --train.total-timesteps 1000000
+    python halving.py cifar --ray-address auto --out-dir /shared/runs     # the same, on a Ray cluster
     python halving.py curves runs/acrobot_* --out acrobot.json      # run folders -> curves
     python halving.py replay acrobot.json walker.json --n-draw 1 2 3
 
@@ -24,16 +27,36 @@ Live tournaments (``cifar``, ``robot``)
     CIFAR tournaments use the q+Z estimator (app:halving) and no validation early stopping
     (rungs are fixed). Every arm is a run folder under ``<out_dir>/<name>/arms/`` (metrics,
     checkpoints, samples), and ``<out_dir>/<name>/tournament.json`` records each rung's scores,
-    the eliminations, every arm's peak and the cost. Re-running the same command continues an
-    interrupted tournament from the arms' checkpoints.
+    the eliminations, every arm's peak, the failed arms and the cost. Re-running the same
+    command continues an interrupted tournament from the arms' checkpoints.
 
-Parallel arms
-    The arms of a rung run concurrently: by default one worker process per visible GPU (each
-    sees a single GPU through ``CUDA_VISIBLE_DEVICES``), and on the CPU one arm after the other
-    in this process; ``--processes P`` sets the number of workers (more than one on a GPU
-    shares it). Each arm is a deterministic function of its own arguments, so the scores, the
-    eliminations and the cost do not depend on the number of workers (on the CPU fix
-    ``--threads`` so that every arm uses the same number of intra-op threads).
+Grids (``cifar-grid``, ``robot-grid``)
+    A tournament with no cut: every (task, exponent, seed) run trains to the trainer's own budget
+    (CIFAR with its validation early stopping unless turned off). ``grid.json`` holds every run
+    and the per-run peak table the paper reports (per task and exponent: each seed's peak,
+    eq:peak, then the mean and sample SD over seeds); ``grid.md`` holds the table as Markdown.
+
+Arms as Ray tasks
+    A segment of an arm (from its checkpoint up to a rung, or to the end for a grid) is one call of
+    `run_segment`. With Ray installed (``pip install -e '.[ray]'``) the segments of a rung are
+    submitted together as Ray tasks, each reserving ``--gpus-per-arm`` (default one GPU when the
+    arms train on a GPU) and ``--cpus-per-arm``; Ray places them on free resources of one machine
+    (a local Ray started for the sweep) or of a cluster (``--ray-address`` or ``RAY_ADDRESS``).
+    The driver waits for the rung, ranks, and submits the survivors' next segments. Without Ray,
+    or with ``--no-ray``, the segments run one after another in this process. Each segment is a
+    deterministic function of its arguments and of the arm's checkpoint, so the scores, the
+    eliminations, the peaks and the cost do not depend on where or how many at once arms ran (on
+    the CPU fix ``--threads`` so that every arm uses the same number of intra-op threads).
+    Run folders must be on a filesystem every node reads and writes at the same path.
+
+Faults
+    A segment whose worker process dies (killed, out of memory, lost node) is re-run by Ray up to
+    ``--max-retries`` times; the re-run continues from the arm's last checkpoint (the trainers'
+    ``--resume``), so the arm's results equal an uninterrupted run's. A segment that raises (a
+    deterministic error, not retried) or whose worker keeps dying marks its arm failed with the
+    reason: the arm scores NaN at that rung and is eliminated, the tournament goes on with the
+    rest, and ``failures`` lists it. A non-finite arm (status ``nonfinite``) is ranked last and
+    listed in the same way, as the paper reports divergent runs.
 
 Replay (``replay``, function `replay`)
     ``curves`` maps each candidate to an array (seeds, evaluations) of validation rewards or
@@ -74,19 +97,17 @@ Cost accounting
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import json
 import math
 import os
-import queue
-import subprocess
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -94,6 +115,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
+from fpo_utils.runfolder import CHECKPOINT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, read_jsonl
 
 ROOT = Path(__file__).resolve().parent
 CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
@@ -154,7 +176,7 @@ def fmt_label(a: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Live tournaments: arguments
+# Sweeps: where arms run
 # ---------------------------------------------------------------------------------------------
 def _cifar_defaults() -> cifar_fpo.Args:
     return cifar_fpo.Args(estimator="q+Z", early_stop=False)  # app:halving
@@ -165,7 +187,37 @@ def _robot_defaults() -> robot_fpo.Args:
 
 
 @dataclass
-class CifarTournament:
+class Sweep:
+    """Where a sweep's arms run and where their run folders go (shared by tournaments and grids)."""
+
+    name: Optional[str] = None
+    """Sweep folder name under `out_dir` (default from the task and the first seed)."""
+    out_dir: str = "runs"
+    """Where sweep folders are written. On a cluster: a directory every node can read and write at the
+    same path (a shared filesystem), since any node may continue an arm from its checkpoint there."""
+    ray: bool = True
+    """Run arms as Ray tasks when Ray is installed; `--no-ray` runs them one after another in this
+    process (same results)."""
+    ray_address: Optional[str] = None
+    """Ray cluster to join (`auto`, `<head ip>:6379`, `ray://<head ip>:10001`); default the RAY_ADDRESS
+    environment variable, else a local Ray on this machine. The repository must sit at the same path
+    on every node (it goes on the workers' PYTHONPATH)."""
+    gpus_per_arm: Optional[float] = None
+    """GPUs an arm reserves (Ray's num_gpus; 0.25 puts four arms on a GPU). Default: 1 when the arms
+    train on a GPU and the cluster has GPUs, else 0."""
+    cpus_per_arm: Optional[float] = None
+    """CPUs an arm reserves (Ray's num_cpus), so that arms do not oversubscribe a node. Default: the
+    arm's torch threads (at least 1); count a robot arm's environment threads too."""
+    threads: int = 0
+    """torch intra-op threads per arm (0: leave the trainer's default; fix it for results that do not
+    depend on where an arm ran)."""
+    max_retries: int = 3
+    """Times Ray re-runs a segment whose worker process died (each retry resumes from the arm's last
+    checkpoint). A segment that raises, or dies more often, marks its arm failed."""
+
+
+@dataclass
+class CifarTournament(Sweep):
     """Live successive-halving tournament of cifar_fpo.py arms (app:halving, app:search-settings)."""
 
     alphas: Tuple[float, ...] = CIFAR_ALPHAS
@@ -177,14 +229,6 @@ class CifarTournament:
     """Updates at which the worse half goes; the last entry is the full budget (app:search-settings)."""
     first_rung: Optional[int] = None
     """If set, rungs become N, 2N, 4N, ... below the full budget (last entry of --rungs), then the budget."""
-    name: Optional[str] = None
-    """Tournament folder name under `out_dir`; default `halving__<reward>__<first seed>`."""
-    out_dir: str = "runs"
-    """Where tournament folders are written."""
-    processes: Optional[int] = None
-    """Arms trained at once: default one worker per visible GPU, and one arm at a time on the CPU."""
-    threads: int = 0
-    """torch intra-op threads per arm (0: leave torch's default)."""
     train: cifar_fpo.Args = field(default_factory=_cifar_defaults)
     """Settings shared by every arm (reward, model, batch, learning rate, ...). The tournament sets
     weighting=fixed, alpha, target, seed, num_updates, until, resume, run_name, runs_dir and turns early
@@ -192,7 +236,7 @@ class CifarTournament:
 
 
 @dataclass
-class RobotTournament:
+class RobotTournament(Sweep):
     """Live successive-halving tournament of robot_fpo.py arms (FPO: alpha_eps, FPO++: alpha)."""
 
     alphas: Tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
@@ -204,48 +248,232 @@ class RobotTournament:
     rungs: Tuple[int, ...] = (240, 480, 960)
     """Rungs in `unit`; the last entry is the full budget. Each must fall on an evaluation and a
     checkpoint update of the trainer (multiples of --train.eval-every and --train.checkpoint-every)."""
-    unit: str = "updates"
-    """Unit of `rungs` and of the cost: `updates` or `steps` (environment steps; multiples of
-    num_envs * num_steps)."""
+    unit: Literal["updates", "steps"] = "updates"
+    """Unit of `rungs` and of the cost: updates, or environment steps (multiples of num_envs * num_steps)."""
     first_rung: Optional[int] = None
     """If set, rungs become N, 2N, 4N, ... below the full budget (last entry of --rungs), then the budget."""
-    name: Optional[str] = None
-    """Tournament folder name under `out_dir`; default `halving__<env>__<objective>__<first seed>`."""
-    out_dir: str = "runs"
-    """Where tournament folders are written."""
-    processes: Optional[int] = None
-    """Arms trained at once: default one worker per visible GPU (with --train.cuda), else one at a time."""
-    threads: int = 0
-    """torch intra-op threads per arm (0: leave the trainer's --train.torch-threads)."""
     train: robot_fpo.Args = field(default_factory=_robot_defaults)
     """Settings shared by every arm (environment, objective, rollout sizes, ...). The tournament sets
-    the candidate exponent, seed, num_updates, resume, run_name and run_dir."""
+    the candidate exponent, seed, num_updates, total_timesteps (the full budget), resume, run_name and runs_dir."""
+
+
+@dataclass
+class CifarGrid(Sweep):
+    """Every (reward, alpha, seed) cifar_fpo.py run to its full budget, and the per-run peak table."""
+
+    alphas: Tuple[float, ...] = CIFAR_ALPHAS
+    """Exponents of the 12-bin family."""
+    seeds: Tuple[int, ...] = (20260724, 20260725, 20260726)
+    """Training seeds (app:method-settings)."""
+    rewards: Tuple[str, ...] = ()
+    """Rewards (tasks) of the grid; default --train.reward."""
+    train: cifar_fpo.Args = field(default_factory=cifar_fpo.Args)
+    """Settings shared by every run (budget --train.num-updates, early stopping, estimator, ...); the
+    grid sets weighting=fixed, alpha, target, reward, seed, resume, run_name and runs_dir."""
+
+
+@dataclass
+class RobotGrid(Sweep):
+    """Every (environment, exponent, seed) robot_fpo.py run to its full budget, and the per-run peak table."""
+
+    alphas: Tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
+    """Exponents: alpha_eps for `--train.objective fpo`, alpha for `fpopp`."""
+    seeds: Tuple[int, ...] = (901, 902, 903)
+    """Training seeds (app:search-settings)."""
+    env_ids: Tuple[str, ...] = ()
+    """Environments (tasks) of the grid; default --train.env-id."""
+    train: robot_fpo.Args = field(default_factory=_robot_defaults)
+    """Settings shared by every run (budget --train.total-timesteps, objective, rollout sizes, ...); the
+    grid sets the exponent, env_id, seed, resume, run_name and runs_dir."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Live tournaments: the two trainers
+# Sweeps: one arm segment (a Ray task, or a call in this process)
 # ---------------------------------------------------------------------------------------------
+SCORE_KEY = {"cifar": "val_reward", "robot": "eval_return"}  # the metrics field an arm is ranked by
+
+
 def _trainer(spec) -> str:
-    if isinstance(spec, CifarTournament):
+    if isinstance(spec, (CifarTournament, CifarGrid)):
         return "cifar"
-    if isinstance(spec, RobotTournament):
+    if isinstance(spec, (RobotTournament, RobotGrid)):
         return "robot"
-    raise ValueError(f"tournament spec of type {type(spec).__name__} is not one of CifarTournament, RobotTournament")
+    raise ValueError(f"sweep spec of type {type(spec).__name__} is not one of CifarTournament, RobotTournament, "
+                     "CifarGrid, RobotGrid")
 
 
-def _arm_name(alpha: float, seed: int) -> str:
-    return f"alpha{float(alpha):+g}__seed{seed}"
+def _write_json(obj: Any, path: Path) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2))
 
 
-def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
-    """Validate a tournament; return (alphas, seeds, rungs in updates, updates per unit, resolved args)."""
-    trainer = _trainer(spec)
+def arm_state(folder: Path, score_key: str) -> Dict[str, Any]:
+    """What an arm's run folder says: updates done, status and stop reason (summary.json), whether it
+    holds a checkpoint, and its evaluation curve {update: value of `score_key`} (metrics.jsonl)."""
+    folder = Path(folder)
+    summary = folder / "summary.json"
+    s = json.loads(summary.read_text()) if summary.exists() else {}
+    curve = {int(r["update"]): float(r[score_key]) for r in read_jsonl(folder / "metrics.jsonl")
+             if r.get(score_key) is not None}
+    return {"run": str(folder), "updates_done": int(s.get("updates_done") or 0), "status": s.get("status"),
+            "stop_reason": s.get("stop_reason"), "has_checkpoint": (folder / CHECKPOINT).exists(), "curve": curve}
+
+
+class ArmInterrupted(Exception):
+    """A segment stopped early by SIGINT/SIGTERM (its arm checkpointed): Ray re-runs it from there."""
+
+
+def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
+    """Train one arm segment and return the arm's state (`arm_state`).
+
+    `args` are the trainer's Args for the segment's end (CIFAR: `until`; robots: `num_updates`). The
+    segment continues from the run folder's checkpoint when there is one, so a segment re-run after
+    its worker died resumes where the arm's last checkpoint left it. `pid_file` gets one line
+    "host pid node" per attempt (Ray retries show up as extra lines)."""
+    folder = Path(args.runs_dir) / args.run_name
+    if pid_file:
+        node = "-"
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            node = sys.modules["ray"].get_runtime_context().get_node_id()
+        Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
+        with open(pid_file, "a") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()} {node}\n")
+    args = replace(args, resume=(folder / CHECKPOINT).exists())
+    old = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        if trainer == "cifar":
+            cifar_fpo.main(args)
+        else:
+            robot_fpo.main(replace(args, torch_threads=threads) if threads > 0 else args)
+    finally:
+        torch.set_num_threads(old)
+    state = arm_state(folder, SCORE_KEY[trainer])
+    if state["status"] == "interrupted":
+        raise ArmInterrupted(f"{args.run_name} interrupted at update {state['updates_done']}")
+    return state
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".strip()
+
+
+def _connect(spec):
+    """The `ray` module connected to a cluster (joined, or started here on this machine), or None to
+    run arms in this process. Returns (ray or None, whether this call started it)."""
+    if not spec.ray:
+        return None, False
+    try:
+        import ray
+    except ImportError:
+        if spec.ray_address:
+            raise ValueError(f"--ray-address {spec.ray_address} needs Ray: pip install -e '.[ray]'") from None
+        return None, False
+    if ray.is_initialized():
+        return ray, False
+    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    kw: Dict[str, Any] = {"runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+    if not (spec.ray_address or os.environ.get("RAY_ADDRESS")):
+        kw["include_dashboard"] = False  # a local Ray for this sweep only
+    ray.init(address=spec.ray_address, **kw)
+    return ray, True
+
+
+def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
+    """Ray resources of one arm (see `Sweep.gpus_per_arm`, `Sweep.cpus_per_arm`)."""
+    gpus = spec.gpus_per_arm
+    if gpus is None:
+        wants = (base.device == "auto" or base.device.startswith("cuda")) if trainer == "cifar" else base.cuda
+        gpus = 1.0 if wants and ray is not None and ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    cpus = spec.cpus_per_arm
+    if cpus is None:
+        cpus = float(max(1, spec.threads or (base.torch_threads if trainer == "robot" else 1)))
+    if ray is not None:
+        have = ray.cluster_resources()
+        if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0):
+            print(f"warning: an arm needs {cpus:g} CPUs and {gpus:g} GPUs, the Ray cluster has {have.get('CPU', 0):g} "
+                  f"and {have.get('GPU', 0):g}: arms wait until nodes that large join", file=sys.stderr, flush=True)
+    return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
+
+
+def _run_segments(jobs: List[Dict[str, Any]], spec, ray, resources: Dict[str, float]):
+    """Run segments {"key", "trainer", "args", "pid_file"} as Ray tasks (all submitted at once, Ray
+    places them as resources free up) or one after another here. Returns ({key: arm state},
+    {key: failure reason})."""
+    results: Dict[str, Dict[str, Any]] = {}
+    failures: Dict[str, str] = {}
+
+    def done(key, state):
+        results[key] = state
+        print(f"  {key}: {state['status']} at update {state['updates_done']}", flush=True)
+
+    def failed(key, reason):
+        failures[key] = reason
+        print(f"  {key}: FAILED ({reason})", flush=True)
+
+    if ray is None:
+        for job in jobs:
+            try:
+                done(job["key"], run_segment(job["trainer"], job["args"], spec.threads, job["pid_file"]))
+            except ArmInterrupted:
+                raise KeyboardInterrupt from None  # Ctrl-C here: stop the sweep (re-run to continue)
+            except Exception as err:  # a failing arm does not stop the sweep
+                failed(job["key"], _reason(err))
+        return results, failures
+    import halving as module  # so that workers import run_segment by name, also when this file is __main__
+
+    task = ray.remote(module.run_segment).options(max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted],
+                                                  **resources)
+    refs = {task.remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job["key"] for job in jobs}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            key = refs[ready[0]]
+            try:
+                done(key, ray.get(ready[0]))
+            except ray.exceptions.RayTaskError as err:  # the trainer raised
+                failed(key, _reason(getattr(err, "cause", None) or err))
+            except ray.exceptions.RayError as err:  # the worker died more than max_retries times, ...
+                failed(key, f"{_reason(err)} (after {spec.max_retries} retries)")
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref)
+        raise
+    return results, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# Live tournaments and grids: the arms of the two trainers
+# ---------------------------------------------------------------------------------------------
+def _arm_name(alpha: float, seed: int, task: Optional[str] = None) -> str:
+    name = f"alpha{float(alpha):+g}__seed{seed}"
+    return f"{task.replace('/', '_')}__{name}" if task else name
+
+
+def _check_common(spec) -> Tuple[List[float], List[int]]:
     alphas = [float(a) for a in spec.alphas]
     if not alphas or len(set(alphas)) != len(alphas) or not all(math.isfinite(a) for a in alphas):
         raise ValueError(f"--alphas {list(spec.alphas)} must be one or more distinct finite numbers")
     seeds = [int(s) for s in spec.seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds {list(spec.seeds)} must be one or more distinct integers")
+    if spec.threads < 0:
+        raise ValueError(f"--threads {spec.threads} must be >= 0")
+    if spec.max_retries < 0:
+        raise ValueError(f"--max-retries {spec.max_retries} must be >= 0")
+    if spec.gpus_per_arm is not None and spec.gpus_per_arm < 0:
+        raise ValueError(f"--gpus-per-arm {spec.gpus_per_arm} must be >= 0")
+    if spec.cpus_per_arm is not None and spec.cpus_per_arm <= 0:
+        raise ValueError(f"--cpus-per-arm {spec.cpus_per_arm} must be > 0")
+    return alphas, seeds
+
+
+def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
+    """Validate a tournament; return (alphas, seeds, rungs in updates, updates per unit, resolved args)."""
+    trainer = _trainer(spec)
+    alphas, seeds = _check_common(spec)
     rungs = [int(r) for r in spec.rungs]
     if spec.first_rung is not None:
         if not rungs:
@@ -253,10 +481,6 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
         rungs = halving_rungs(int(spec.first_rung), rungs[-1])
     if not rungs or any(r < 1 for r in rungs) or any(b <= a for a, b in zip(rungs, rungs[1:])):
         raise ValueError(f"--rungs {rungs} must be strictly increasing positive integers (last = full budget)")
-    if spec.processes is not None and spec.processes < 1:
-        raise ValueError(f"--processes {spec.processes} must be >= 1")
-    if spec.threads < 0:
-        raise ValueError(f"--threads {spec.threads} must be >= 0")
     if trainer == "cifar":
         args = cifar_fpo.resolve_args(replace(spec.train, weighting="fixed", target=None, num_updates=rungs[-1],
                                               early_stop=False, seed=seeds[0]))
@@ -278,152 +502,68 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
         raise ValueError(f"--rungs {bad} must fall on evaluation and checkpoint updates (multiples of "
                          f"--train.eval-every {args.eval_every} and --train.checkpoint-every {every})")
     if args.alpha_early is not None or args.alpha_late is not None:
-        raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; tournament candidates are fixed exponents")
+        raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; candidates are fixed exponents")
     return alphas, seeds, upd, per, args
 
 
-def _arm_args(trainer: str, base, alpha: float, seed: int, until: int, budget: int, arms_dir: Path, resume: bool):
-    """The trainer arguments of one arm trained up to update `until`."""
-    name = _arm_name(alpha, seed)
+def _arm_args(trainer: str, base, alpha: float, seed: int, until: Optional[int], budget: Optional[int],
+              arms_dir: Path, task: Optional[str] = None):
+    """The trainer arguments of one arm trained up to update `until` of a `budget`-update run (None: the
+    run's own budget, for grids); `task` sets the reward (CIFAR) or environment (robots)."""
+    name = _arm_name(alpha, seed, task)
     if trainer == "cifar":
-        return replace(base, weighting="fixed", target=None, alpha=float(alpha), seed=int(seed), early_stop=False,
-                       num_updates=int(budget), until=int(until), resume=resume, run_name=name, runs_dir=str(arms_dir))
+        a = replace(base, weighting="fixed", target=None, alpha=float(alpha), seed=int(seed), until=until,
+                    resume=False, run_name=name, runs_dir=str(arms_dir))
+        if budget is not None:
+            a = replace(a, num_updates=int(budget), early_stop=False)
+        return replace(a, reward=task) if task else a
     exponent = {"alpha_eps": float(alpha)} if base.objective == "fpo" else {"alpha": float(alpha)}
-    # total_timesteps is the full budget, so an annealed learning rate follows the same schedule
-    # whether the arm runs straight through or is paused at rungs (robot_fpo anneals over it).
-    return replace(base, **exponent, seed=int(seed), num_updates=int(until), resume=resume, run_name=name,
-                   run_dir=str(arms_dir), total_timesteps=int(budget) * base.num_envs * base.num_steps)
+    a = replace(base, **exponent, seed=int(seed), resume=False, run_name=name, runs_dir=str(arms_dir))
+    if budget is not None:
+        # total_timesteps is the full budget, so an annealed learning rate follows the same schedule
+        # whether the arm runs straight through or is paused at rungs (robot_fpo anneals over it).
+        a = replace(a, num_updates=int(until), total_timesteps=int(budget) * base.num_envs * base.num_steps)
+    return replace(a, env_id=task) if task else a
 
 
-def _read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _sweep_config(trainer: str, args, **kw) -> Dict[str, Any]:
+    """What defines a sweep's results (the settings of every arm, less the per-arm and placement ones)."""
+    train = {k: v for k, v in asdict(args).items()
+             if k not in ("device", "cuda", "verbose", "save_samples", "run_name", "runs_dir", "until", "resume", "seed",
+                          "alpha", "alpha_eps", "torch_threads", "env_threads", "reward", "env_id", "track",
+                          "wandb_project_name", "wandb_entity")}
+    return json.loads(json.dumps({"trainer": trainer, **kw, "train": train}))
 
 
-def arm_progress(trainer: str, folder: Path) -> Tuple[int, Optional[str], bool]:
-    """(updates done, status, has checkpoint) of an arm's run folder."""
-    ckpt = folder / "checkpoints" / ("last.pt" if trainer == "cifar" else "latest.pt")
-    summary = folder / "summary.json"
-    if not summary.exists():
-        return 0, None, ckpt.exists()
-    s = json.loads(summary.read_text())
-    return int(s["updates_done"] if trainer == "cifar" else s["update"]), s.get("status"), ckpt.exists()
-
-
-def arm_curve(trainer: str, folder: Path) -> Dict[int, float]:
-    """Validation (CIFAR: pooled val_reward) or evaluation (robot: eval_return) value per update."""
-    out: Dict[int, float] = {}
-    for rec in _read_jsonl(folder / "metrics.jsonl"):
-        if trainer == "cifar" and rec.get("kind") == "validation":
-            out[int(rec["update"])] = float(rec["val_reward"])
-        elif trainer == "robot" and rec.get("eval_return") is not None:
-            out[int(rec["update"])] = float(rec["eval_return"])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Live tournaments: running arms in this process or in worker processes
-# ---------------------------------------------------------------------------------------------
-def _args_from_dict(trainer: str, d: Dict[str, Any]):
-    cls = cifar_fpo.Args if trainer == "cifar" else robot_fpo.Args
-    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
-
-
-def run_job(job: Dict[str, Any]) -> None:
-    """Train one arm as described by ``job`` = {"trainer", "args" (a dict), "threads"}."""
-    args = _args_from_dict(job["trainer"], job["args"])
-    threads = int(job.get("threads", 0))
-    old = torch.get_num_threads()
-    if threads > 0:
-        torch.set_num_threads(threads)
+def _open_sweep(spec, kind: str, name: str, config: Dict[str, Any]) -> Tuple[Path, Path]:
+    folder = Path(spec.out_dir).absolute() / name  # absolute: workers elsewhere write to the same place
+    path = folder / f"{kind}.json"
+    if path.exists() and json.loads(path.read_text()).get("config") != config:
+        raise ValueError(f"{folder} holds a different {kind}; choose another --name or --out-dir")
     try:
-        if job["trainer"] == "cifar":
-            cifar_fpo.main(args)
-        else:
-            if threads > 0:
-                args = replace(args, torch_threads=threads)
-            robot_fpo.main(args)
-    finally:
-        torch.set_num_threads(old)
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create {folder}: {err.strerror}; choose another --out-dir", EXIT_IO) from err
+    return folder, path
 
 
-def run_job_file(path: str) -> None:
-    """Entry point of a worker process: run the job stored as JSON in ``path``."""
-    run_job(json.loads(Path(path).read_text()))
-
-
-def visible_gpus() -> List[str]:
-    """Identifiers of the GPUs this process may use (for the workers' CUDA_VISIBLE_DEVICES)."""
-    if not torch.cuda.is_available():
-        return []
-    n = torch.cuda.device_count()
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [s.strip() for s in env.split(",") if s.strip()] if env else [str(i) for i in range(n)]
-    return ids[:n]
-
-
-def _wants_gpu(trainer: str, base) -> bool:
-    if trainer == "cifar":
-        return base.device == "auto" or base.device.startswith("cuda")
-    return bool(base.cuda)
-
-
-def _execute(jobs: List[Dict[str, Any]], processes: int, slots: List[Optional[str]], folder: Path) -> None:
-    """Run jobs: in this process when ``processes == 1``, else in a pool of worker processes, each
-    pinned to one entry of ``slots`` (a GPU id, or None for the CPU)."""
-    if processes <= 1:
-        for job in jobs:
-            run_job(job)
-        return
-    (folder / "jobs").mkdir(parents=True, exist_ok=True)
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
-    free: "queue.Queue[Optional[str]]" = queue.Queue()
-    for s in slots[:processes]:
-        free.put(s)
-
-    def work(job):
-        slot = free.get()
-        try:
-            name = job["args"]["run_name"]
-            until = job["args"].get("until") or job["args"].get("num_updates")
-            path = folder / "jobs" / f"{name}__to{until}.json"
-            if slot is not None and job["trainer"] == "cifar":
-                job = {**job, "args": {**job["args"], "device": "cuda"}}
-            path.write_text(json.dumps(job, indent=2))
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-            if slot is not None:
-                env["CUDA_VISIBLE_DEVICES"] = slot
-            code = "import sys, halving; halving.run_job_file(sys.argv[1])"
-            log = folder / "logs" / f"{name}.log"
-            with open(log, "a") as f:
-                proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, stdout=f,
-                                      stderr=subprocess.STDOUT)
-            if proc.returncode != 0:
-                tail = "\n".join(log.read_text().splitlines()[-15:])
-                raise RuntimeError(f"arm {name} failed (exit {proc.returncode}); end of {log}:\n{tail}")
-        finally:
-            free.put(slot)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=processes) as pool:
-        for fut in [pool.submit(work, job) for job in jobs]:
-            fut.result()
+def _peak(state: Dict[str, Any]) -> Tuple[Optional[float], Optional[int]]:
+    """eq:peak: the best finite evaluation of a run and its update (the earliest on ties)."""
+    curve = {k: v for k, v in state["curve"].items() if math.isfinite(v)}
+    if not curve:
+        return None, None
+    best = max(curve, key=lambda k: (curve[k], -k))
+    return curve[best], best
 
 
 # ---------------------------------------------------------------------------------------------
 # Live tournaments: the procedure
 # ---------------------------------------------------------------------------------------------
-def _tournament_config(trainer, alphas, seeds, rungs_units, unit, args) -> Dict[str, Any]:
-    train = {k: v for k, v in asdict(args).items()
-             if k not in ("device", "cuda", "verbose", "save_samples", "run_name", "runs_dir", "run_dir", "until",
-                          "resume", "seed", "alpha", "alpha_eps", "torch_threads")}
-    return {"trainer": trainer, "alphas": alphas, "seeds": seeds, "rungs": rungs_units, "unit": unit, "train": train}
-
-
 def run_tournament(spec) -> Dict[str, Any]:
     """Run (or continue) a live tournament; returns the content of its ``tournament.json``."""
     trainer = _trainer(spec)
+    if isinstance(spec, (CifarGrid, RobotGrid)):
+        raise ValueError("run_tournament takes a CifarTournament or RobotTournament; grids go to run_grid")
     alphas, seeds, rungs, per, base = _check_spec(spec)
     unit = "updates" if trainer == "cifar" else spec.unit
     if spec.name is not None:
@@ -432,98 +572,110 @@ def run_tournament(spec) -> Dict[str, Any]:
         name = f"halving__{base.reward}__{seeds[0]}"
     else:
         name = f"halving__{base.env_id.replace('/', '_')}__{base.objective}__{seeds[0]}"
-    folder = Path(spec.out_dir) / name
+    config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, rungs=[r * per for r in rungs], unit=unit,
+                           task=base.reward if trainer == "cifar" else base.env_id)
+    folder, path = _open_sweep(spec, "tournament", name, config)
     arms_dir = folder / "arms"
-    config = _tournament_config(trainer, alphas, seeds, [r * per for r in rungs], unit, base)
-    config = json.loads(json.dumps(config))
-    path = folder / "tournament.json"
-    if path.exists():
-        old = json.loads(path.read_text()).get("config")
-        if old != config:
-            raise ValueError(f"{folder} holds a different tournament; choose another --name or --out-dir")
-    folder.mkdir(parents=True, exist_ok=True)
+    ray, started = _connect(spec)
+    try:
+        resources = _resources(spec, trainer, base, ray)
+        score_key = SCORE_KEY[trainer]
+        budget = rungs[-1]
+        t_start = time.time()
+        result: Dict[str, Any] = {"config": config, "rounds": [], "status": "running"}
+        _write_json(result, path)
+        failures: Dict[Tuple[float, int], Dict[str, Any]] = {}
+        alive = list(alphas)
+        for i, rung in enumerate(rungs):
+            final = i == len(rungs) - 1
+            if len(alive) == 1 and not final:
+                continue  # a lone survivor goes straight on to the full budget
+            states, jobs = {}, []
+            for a in alive:
+                for s in seeds:
+                    arm = _arm_name(a, s)
+                    states[arm] = arm_state(arms_dir / arm, score_key)
+                    if states[arm]["updates_done"] >= rung or states[arm]["status"] == "nonfinite":
+                        continue
+                    jobs.append({"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / f"{arm}__to{rung * per}"),
+                                 "args": _arm_args(trainer, base, a, s, rung, budget, arms_dir)})
+            print(f"rung {rung * per} {unit}: {len(jobs)} segment(s) of {len(alive)} candidate(s)", flush=True)
+            done, failed = _run_segments(jobs, spec, ray, resources)
+            states.update(done)
+            for arm, st in states.items():  # a diverged arm is reported with the failures, as the paper does
+                if st["status"] == "nonfinite" and arm not in failed:
+                    failed[arm] = f"non-finite ({st['stop_reason']})"
+            for a in alive:
+                for s in seeds:
+                    if _arm_name(a, s) in failed:
+                        failures[(a, s)] = {"alpha": fmt_label(a), "seed": s, "rung": rung * per,
+                                            "reason": failed[_arm_name(a, s)]}
+            per_seed = {a: [float("nan") if (a, s) in failures else states[_arm_name(a, s)]["curve"].get(rung, float("nan"))
+                            for s in seeds] for a in alive}
+            scores = {a: float(np.mean(v)) if all(math.isfinite(x) for x in v) else float("nan")
+                      for a, v in per_seed.items()}
+            ranking = rank_candidates(scores)
+            finite = [a for a in ranking if math.isfinite(scores[a])]
+            kept = finite[:1] if final else finite[:keep_count(len(alive))]
+            result["rounds"].append({
+                "rung": rung * per,
+                "alive": [fmt_label(a) for a in alive],
+                "scores": {fmt_label(a): scores[a] for a in alive},
+                "per_seed": {fmt_label(a): per_seed[a] for a in alive},
+                "ranking": [fmt_label(a) for a in ranking],
+                "kept": [fmt_label(a) for a in kept],
+                "eliminated": [fmt_label(a) for a in ranking if a not in kept],
+                "failed": {_arm_name(a, s): failed[_arm_name(a, s)] for a in alive for s in seeds if _arm_name(a, s) in failed},
+            })
+            _write_json(result, path)
+            alive = kept
+            if not alive:
+                break
 
-    gpus = visible_gpus() if _wants_gpu(trainer, base) else []
-    processes = spec.processes or (len(gpus) if len(gpus) > 1 else 1)
-    slots = [gpus[i % len(gpus)] for i in range(processes)] if gpus else [None] * processes
-    budget = rungs[-1]
-    t_start = time.time()
-    result: Dict[str, Any] = {"config": config, "rounds": [], "status": "running"}
-
-    def save():
-        cifar_fpo.atomic_write_text(json.dumps(result, indent=2), path)
-
-    save()
-    alive = list(alphas)
-    for i, rung in enumerate(rungs):
-        final = i == len(rungs) - 1
-        if len(alive) == 1 and not final:
-            continue  # a lone survivor goes straight on to the full budget
-        jobs = []
-        for a in alive:
+        winner = alive[0] if alive else None
+        arms, trained = {}, 0
+        for a in alphas:
+            reps = []
             for s in seeds:
-                done, status, has_ckpt = arm_progress(trainer, arms_dir / _arm_name(a, s))
-                if done >= rung or status == "nonfinite":
-                    continue
-                args = _arm_args(trainer, base, a, s, rung, budget, arms_dir, resume=has_ckpt)
-                jobs.append({"trainer": trainer, "args": json.loads(json.dumps(asdict(args))), "threads": spec.threads})
-        _execute(jobs, processes, slots, folder)
-        per_seed = {}
-        for a in alive:
-            curves = [arm_curve(trainer, arms_dir / _arm_name(a, s)) for s in seeds]
-            per_seed[a] = [c.get(rung, float("nan")) for c in curves]
-        scores = {a: float(np.mean(v)) if all(math.isfinite(x) for x in v) else float("nan")
-                  for a, v in per_seed.items()}
-        ranking = rank_candidates(scores)
-        finite = [a for a in ranking if math.isfinite(scores[a])]
-        kept = finite[:1] if final else finite[:keep_count(len(alive))]
-        result["rounds"].append({
-            "rung": rung * per,
-            "alive": [fmt_label(a) for a in alive],
-            "scores": {fmt_label(a): scores[a] for a in alive},
-            "per_seed": {fmt_label(a): per_seed[a] for a in alive},
-            "ranking": [fmt_label(a) for a in ranking],
-            "kept": [fmt_label(a) for a in kept],
-            "eliminated": [fmt_label(a) for a in ranking if a not in kept],
+                st = arm_state(arms_dir / _arm_name(a, s), score_key)
+                peak, at = _peak(st)
+                failure = failures.get((a, s))
+                reps.append({"seed": s, "run": st["run"], "trained": st["updates_done"] * per, "status": st["status"],
+                             "peak": peak, "peak_at": at * per if at is not None else None,
+                             "failed": failure["reason"] if failure else None})
+                trained += st["updates_done"]
+            peaks = [r["peak"] for r in reps]
+            arms[fmt_label(a)] = {"peak": float(np.mean(peaks)) if None not in peaks else None, "replicates": reps}
+        cost = trained / budget
+        result.update({
+            "status": "finished" if winner is not None else "failed",
+            "winner": fmt_label(winner) if winner is not None else None,
+            "winner_peak": arms[fmt_label(winner)]["peak"] if winner is not None else None,
+            "arms": arms,
+            "failures": list(failures.values()),
+            "cost": {
+                "trained": trained * per,
+                "full_run": budget * per,
+                "unit": unit,
+                "C": cost,
+                "cost_per_replicate": cost / len(seeds),
+                "exhaustive": float(len(alphas) * len(seeds)),
+                "fraction": cost / (len(alphas) * len(seeds)),
+            },
+            "run_info": _run_info(ray, resources, t_start),
         })
-        save()
-        alive = kept
-        if not alive:
-            break
+        _write_json(result, path)
+        return result
+    finally:
+        if started:
+            ray.shutdown()
 
-    winner = alive[0] if alive else None
-    arms, trained = {}, 0
-    for a in alphas:
-        reps = []
-        for s in seeds:
-            f = arms_dir / _arm_name(a, s)
-            done, status, _ = arm_progress(trainer, f)
-            curve = {k: v for k, v in arm_curve(trainer, f).items() if math.isfinite(v)}
-            best = max(curve, key=lambda k: (curve[k], -k)) if curve else None
-            reps.append({"seed": s, "run": str(f), "trained": done * per, "status": status,
-                         "peak": curve[best] if curve else None, "peak_at": best * per if curve else None})
-            trained += done
-        peaks = [r["peak"] for r in reps]
-        arms[fmt_label(a)] = {"peak": float(np.mean(peaks)) if None not in peaks else None, "replicates": reps}
-    cost = trained / budget
-    result.update({
-        "status": "finished" if winner is not None else "failed",
-        "winner": fmt_label(winner) if winner is not None else None,
-        "winner_peak": arms[fmt_label(winner)]["peak"] if winner is not None else None,
-        "arms": arms,
-        "cost": {
-            "trained": trained * per,
-            "full_run": budget * per,
-            "unit": unit,
-            "C": cost,
-            "cost_per_replicate": cost / len(seeds),
-            "exhaustive": float(len(alphas) * len(seeds)),
-            "fraction": cost / (len(alphas) * len(seeds)),
-        },
-        "run_info": {"processes": processes, "gpus": gpus, "wall_s": time.time() - t_start},
-    })
-    save()
-    return result
+
+def _run_info(ray, resources: Dict[str, float], t_start: float) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"executor": "in-process" if ray is None else "ray", "wall_s": time.time() - t_start}
+    if ray is not None:
+        info.update(resources, nodes=sum(1 for n in ray.nodes() if n.get("Alive")))
+    return info
 
 
 def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> None:
@@ -537,8 +689,123 @@ def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> Non
     for a, arm in result["arms"].items():
         budget = max(rep["trained"] for rep in arm["replicates"])
         print(f"  alpha={a:>6}  trained {budget:>8} {unit}  peak {arm['peak']}")
+    for f in result.get("failures", []):
+        print(f"  FAILED alpha={f['alpha']} seed {f['seed']} at rung {f['rung']}: {f['reason']}")
     print(f"cost C = {c['trained']}/{c['full_run']} = {c['C']:g} full-run equivalents "
           f"(exhaustive {c['exhaustive']:g}; {100 * c['fraction']:.2f}%)" + (f"  -> {path}" if path else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Grids: every arm to its full budget, and the per-run peak table
+# ---------------------------------------------------------------------------------------------
+FINAL = ("finished", "stopped", "nonfinite")  # statuses of a run that has ended
+
+
+def run_grid(spec) -> Dict[str, Any]:
+    """Run (or continue) a grid: every (task, alpha, seed) arm to the trainer's full budget. Writes
+    ``grid.json`` (every run and the peak table) and ``grid.md`` (the table) and returns the former."""
+    trainer = _trainer(spec)
+    if not isinstance(spec, (CifarGrid, RobotGrid)):
+        raise ValueError("run_grid takes a CifarGrid or RobotGrid; tournaments go to run_tournament")
+    alphas, seeds = _check_common(spec)
+    base = spec.train
+    if trainer == "cifar":
+        tasks = list(spec.rewards) or [base.reward]
+        base = cifar_fpo.resolve_args(replace(base, weighting="fixed", target=None, seed=seeds[0], reward=tasks[0]))
+        budget = base.num_updates
+    else:
+        tasks = list(spec.env_ids) or [base.env_id]
+        robot_fpo.validate_args(base)
+        if base.alpha_early is not None or base.alpha_late is not None:
+            raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; grid exponents are fixed")
+        budget = base.num_updates or max(1, base.total_timesteps // (base.num_envs * base.num_steps))
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"tasks {tasks} must be distinct")
+    name = spec.name or "grid__" + "+".join(t.replace("/", "_") for t in tasks) + (
+        f"__{base.objective}" if trainer == "robot" else "") + f"__{seeds[0]}"
+    config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, tasks=tasks, budget=budget)
+    folder, path = _open_sweep(spec, "grid", name, config)
+    arms_dir = folder / "arms"
+    ray, started = _connect(spec)
+    try:
+        resources = _resources(spec, trainer, base, ray)
+        t_start = time.time()
+        cells = [(t, a, s) for t in tasks for a in alphas for s in seeds]
+        jobs = []
+        for t, a, s in cells:
+            arm = _arm_name(a, s, t)
+            st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
+            if st["status"] in FINAL:
+                continue
+            jobs.append({"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / arm),
+                         "args": _arm_args(trainer, base, a, s, None, None, arms_dir, t)})
+        print(f"grid {name}: {len(jobs)} of {len(cells)} run(s) to train", flush=True)
+        _, failed = _run_segments(jobs, spec, ray, resources)
+        runs, trained = [], 0
+        for t, a, s in cells:
+            arm = _arm_name(a, s, t)
+            st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
+            peak, at = _peak(st)
+            trained += st["updates_done"]
+            runs.append({"task": t, "alpha": fmt_label(a), "seed": s, "run": st["run"], "status": st["status"],
+                         "stop_reason": st["stop_reason"], "trained": st["updates_done"], "peak": peak,
+                         "peak_update": at, "failed": failed.get(arm)})
+        result = {"config": config, "status": "finished", "runs": runs, "table": peak_table(runs, seeds),
+                  "failures": [{k: r[k] for k in ("task", "alpha", "seed", "failed")} for r in runs if r["failed"]],
+                  "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(cells)},
+                  "run_info": _run_info(ray, resources, t_start)}
+        _write_json(result, path)
+        (folder / "grid.md").write_text(grid_markdown(result))
+        return result
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
+    """Per (task, alpha): each seed's per-run peak (eq:peak), then the mean and sample SD over the runs
+    that ended (finished, early-stopped or non-finite; a non-finite run keeps the peak it reached),
+    as the paper reports them. Runs that failed (raised, or their worker kept dying) are listed, not averaged."""
+    rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for r in runs:
+        row = rows.setdefault((r["task"], r["alpha"]), {"task": r["task"], "alpha": r["alpha"], "peaks": {},
+                                                        "nonfinite": [], "failed": []})
+        if r["failed"] or r["status"] not in FINAL or r["peak"] is None:
+            row["failed"].append(r["seed"])
+            continue
+        row["peaks"][str(r["seed"])] = r["peak"]
+        if r["status"] == "nonfinite":
+            row["nonfinite"].append(r["seed"])
+    out = []
+    for row in rows.values():
+        vals = [row["peaks"][str(s)] for s in seeds if str(s) in row["peaks"]]
+        row.update(n=len(vals), mean=float(np.mean(vals)) if vals else None,
+                   sd=float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+        out.append(row)
+    return out
+
+
+def grid_markdown(result: Dict[str, Any]) -> str:
+    """The peak table of a grid as Markdown: one row per (task, alpha), one column per seed."""
+    seeds = result["config"]["seeds"]
+    head = ["Task", "alpha", "n", "Peak mean ± SD"] + [f"seed {s}" for s in seeds] + ["Notes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in result["table"]:
+        mean = "-" if row["mean"] is None else f"{row['mean']:.6f}" + ("" if row["sd"] is None else f" ± {row['sd']:.6f}")
+        cells = [f"{row['peaks'][str(s)]:.6f}" if str(s) in row["peaks"] else "failed" for s in seeds]
+        notes = "; ".join([f"non-finite: seed {', '.join(map(str, row['nonfinite']))}"] if row["nonfinite"] else []
+                          + ([f"failed: seed {', '.join(map(str, row['failed']))}"] if row["failed"] else []))
+        lines.append("| " + " | ".join([row["task"], row["alpha"], str(row["n"]), mean] + cells + [notes]) + " |")
+    text = "\n".join(lines) + "\n\nPeak: the best evaluation of a run (eq:peak); mean and sample SD over seeds.\n"
+    for f in result["failures"]:
+        text += f"\nFailed: {f['task']} alpha {f['alpha']} seed {f['seed']}: {f['failed']}"
+    return text + ("\n" if result["failures"] else "")
+
+
+def print_grid(result: Dict[str, Any]) -> None:
+    print(grid_markdown(result))
+    c = result["cost"]
+    print(f"{c['runs']} runs, {c['trained']} updates = {c['C']:g} full runs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,25 +976,25 @@ def read_run(folder: Path, unit: str = "updates") -> Dict[str, Any]:
     if unit not in ("updates", "steps"):
         raise ValueError(f"unit {unit!r} is not one of updates, steps")
     args = json.loads((folder / "args.json").read_text())
-    rows = _read_jsonl(folder / "metrics.jsonl")
     if "env_id" in args:  # robot_fpo.py
+        trainer = "robot"
         scheduled = args.get("alpha_early") is not None or args.get("alpha_late") is not None
         exponent = args["alpha_eps"] if args["objective"] == "fpo" else args["alpha"]
         label = "schedule" if scheduled else fmt_label(exponent)
-        key = "global_step" if unit == "steps" else "update"
-        curve = {float(r[key]): float(r["eval_return"]) for r in rows if r.get("eval_return") is not None}
         task = f"{args['env_id']} {args['objective']}"
     elif "reward" in args:  # cifar_fpo.py
+        trainer = "cifar"
         if unit != "updates":
             raise ValueError(f"unit {unit!r}: CIFAR runs count updates only")
         if args["weighting"] == "fixed":
             label = args["target"] if args.get("target") else fmt_label(args["alpha"])
         else:
             label = args["weighting"]
-        curve = {float(r["update"]): float(r["val_reward"]) for r in rows if r.get("kind") == "validation"}
         task = args["reward"]
     else:
         raise ValueError(f"{folder}/args.json is neither a cifar_fpo.py nor a robot_fpo.py run")
+    key, score = ("global_step" if unit == "steps" else "update"), SCORE_KEY[trainer]
+    curve = {float(r[key]): float(r[score]) for r in read_jsonl(folder / "metrics.jsonl") if r.get(score) is not None}
     if not curve:
         raise ValueError(f"{folder} has no evaluation records in metrics.jsonl")
     return {"task": task, "label": label, "seed": int(args["seed"]), "curve": curve, "folder": str(folder)}
@@ -906,11 +1173,16 @@ def run_replay(cli: ReplayArgs) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Any:
     cmd = tyro.extras.subcommand_cli_from_dict(
-        {"cifar": CifarTournament, "robot": RobotTournament, "replay": ReplayArgs, "curves": CurvesArgs},
+        {"cifar": CifarTournament, "robot": RobotTournament, "cifar-grid": CifarGrid, "robot-grid": RobotGrid,
+         "replay": ReplayArgs, "curves": CurvesArgs},
         description=__doc__.split("\n\n")[0], args=argv)
     if isinstance(cmd, (CifarTournament, RobotTournament)):
         result = run_tournament(cmd)
         print_tournament(result)
+        return result
+    if isinstance(cmd, (CifarGrid, RobotGrid)):
+        result = run_grid(cmd)
+        print_grid(result)
         return result
     if isinstance(cmd, ReplayArgs):
         return run_replay(cmd)
@@ -924,6 +1196,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
 if __name__ == "__main__":
     try:
         main()
+    except RunError as err:  # e.g. an unwritable --out-dir
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.code)
     except ValueError as err:  # bad input: one line naming the value and what is allowed
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        print("error: interrupted; run the same command again to continue from the arms' checkpoints", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

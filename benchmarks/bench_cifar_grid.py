@@ -1,13 +1,13 @@
 """Time a grid of CIFAR runs (alphas x seeds, paper update settings) on the GPUs of one machine.
 
-The grid goes through halving.py's arm runner, the same mechanism a tournament uses: with a single
-rung equal to the full budget, every arm trains to the end (an exhaustive search). `--processes`
-workers share the visible GPUs round-robin (several per GPU run concurrently on it). The network is
-the paper's U-Net layout with random weights (no download; speed does not depend on the weights)
-unless `--model` names a generator folder.
+The grid goes through `halving.py cifar-grid` (every arm a Ray task reserving 1/`--arms-per-gpu` of
+a GPU; without Ray, or with `--no-ray`, one arm after another). By default every arm runs at once:
+ceil(arms / GPUs) arms share each GPU. The network is the paper's U-Net layout with random weights
+(no download; speed does not depend on the weights) unless `--model` names a generator folder.
 
     python benchmarks/bench_cifar_grid.py                                   # 4 alphas x 3 seeds x 800
-    python benchmarks/bench_cifar_grid.py --updates 60 --processes 12       # a timing sample
+    python benchmarks/bench_cifar_grid.py --updates 60                      # a timing sample
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/bench_cifar_grid.py --updates 60   # the same on one GPU
 
 Prints the wall time, the start-up share (process start, compilation, CUDA-graph capture), the
 steady-state throughput in updates per second over all arms (from the per-update timestamps in
@@ -18,6 +18,7 @@ for `--full-updates` per arm. `--json PATH` writes the same numbers.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -47,8 +48,10 @@ class Args:
     """Updates per arm in this run (a multiple of the validation cadence, 20)."""
     full_updates: int = 800
     """Updates per arm of the grid whose time is extrapolated (app:cifar: 800)."""
-    processes: Optional[int] = None
-    """Concurrent arms (worker processes), spread over the visible GPUs; default: every arm at once."""
+    arms_per_gpu: Optional[int] = None
+    """Arms sharing one GPU (each reserves 1/N of it); default: every arm at once, ceil(arms / GPUs)."""
+    ray: bool = True
+    """Arms as Ray tasks on a local Ray (`--no-ray`: one after another in this process)."""
     precision: str = "bf16"
     """--precision of every arm."""
     compile: bool = True
@@ -85,24 +88,26 @@ def main(args: Args):
             cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(PAPER_UNET), model, dtype=torch.float32)
         out = Path(args.out_dir) if args.out_dir else tmp / "runs"
         arms = len(args.alphas) * len(args.seeds)
-        train = replace(halving._cifar_defaults(), model=model, reward=args.reward, precision=args.precision,
-                        compile=args.compile, estimator="q+a", verbose=False, save_samples=False)
-        spec = halving.CifarTournament(alphas=args.alphas, seeds=args.seeds, rungs=(args.updates,), name="grid",
-                                       out_dir=str(out), processes=args.processes or arms, train=train)
-        gpus = halving.visible_gpus()
+        train = replace(cifar_fpo.Args(), model=model, reward=args.reward, precision=args.precision,
+                        compile=args.compile, estimator="q+a", early_stop=False, num_updates=args.updates,
+                        verbose=False, save_samples=False)
+        gpus = torch.cuda.device_count()
+        per_gpu = args.arms_per_gpu or (math.ceil(arms / gpus) if gpus else 1)
+        spec = halving.CifarGrid(alphas=args.alphas, seeds=args.seeds, name="grid", out_dir=str(out), ray=args.ray,
+                                 gpus_per_arm=1.0 / per_gpu if gpus else 0.0, train=train)
         t0 = time.time()
-        halving.run_tournament(spec)
+        halving.run_grid(spec)
         wall = time.time() - t0
         rate, start, end = steady_throughput(out / "grid" / "arms")
         startup = start - t0
         implied = startup + arms * args.full_updates / rate
         result = {"device": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                  "gpus": len(gpus), "arms": arms, "processes": spec.processes, "updates": args.updates,
+                  "gpus": gpus, "arms": arms, "arms_per_gpu": per_gpu, "ray": args.ray, "updates": args.updates,
                   "precision": args.precision, "compile": args.compile, "wall_s": wall, "startup_s": startup,
                   "steady_updates_per_s": rate, "steady_ms_per_update": 1e3 / rate,
                   "full_updates": args.full_updates, "implied_full_grid_s": implied}
         print(json.dumps(result, indent=2))
-        print(f"\n{arms} arms x {args.updates} updates on {len(gpus)} GPU(s) with {spec.processes} workers: "
+        print(f"\n{arms} arms x {args.updates} updates on {gpus} GPU(s), {per_gpu} per GPU: "
               f"{wall:.0f} s wall, {startup:.0f} s start-up, {rate:.2f} updates/s steady "
               f"({1e3 / rate:.0f} ms per update); {arms} x {args.full_updates} updates -> ~{implied / 60:.1f} min")
         if args.json:

@@ -42,7 +42,7 @@ def run_cli(args, cwd, check=True):
 # ------------------------------------------------------------------------------------------------
 def test_help_lists_the_commands(tmp_path):
     out = run_cli(["--help"], cwd=tmp_path).stdout
-    for cmd in ("cifar", "robot", "replay"):
+    for cmd in ("cifar", "robot", "cifar-grid", "robot-grid", "replay", "curves"):
         assert cmd in out
 
 
@@ -77,16 +77,15 @@ def tiny_train(tmp_path_factory):
                           save_samples=False, estimator="q+Z", early_stop=False)
 
 
-def tournament(train, out_dir, processes, **kw):
-    spec = halving.CifarTournament(rungs=RUNGS, out_dir=str(out_dir), name="t", processes=processes, threads=1,
-                                   train=train, **kw)
+def tournament(train, out_dir, **kw):
+    spec = halving.CifarTournament(rungs=RUNGS, out_dir=str(out_dir), name="t", ray=False, threads=1, train=train, **kw)
     return halving.run_tournament(spec)
 
 
 @pytest.fixture(scope="module")
 def tour1(tiny_train, tmp_path_factory):
     out = tmp_path_factory.mktemp("tour1")
-    return tournament(tiny_train, out, processes=1), out / "t"
+    return tournament(tiny_train, out), out / "t"
 
 
 def test_cifar_tournament_costs_two_full_runs(tour1):
@@ -148,37 +147,79 @@ def test_survivor_continuation_equals_one_uninterrupted_run(tour1, tmp_path):
             assert torch.equal(torch.as_tensor(sa[i][key]), torch.as_tensor(sb[i][key])), (i, key)
 
 
-def test_results_do_not_depend_on_the_number_of_processes(tour1, tiny_train, tmp_path):
-    res1, _ = tour1
-    res2 = tournament(tiny_train, tmp_path, processes=2)
-    assert res2["run_info"]["processes"] == 2
-    assert res2["rounds"] == res1["rounds"]
-    assert res2["cost"] == res1["cost"]
-    assert res2["winner"] == res1["winner"]
-    for a in res1["arms"]:
-        assert res2["arms"][a]["peak"] == res1["arms"][a]["peak"]
-
-
 def test_rerun_continues_and_other_settings_are_refused(tour1, tiny_train):
     res, folder = tour1
     stamp = (folder / "arms" / f"alpha-2__seed{halving.CIFAR_SEED}" / "metrics.jsonl").stat().st_mtime_ns
-    again = tournament(tiny_train, folder.parent, processes=1)  # every arm already reached its rung
+    again = tournament(tiny_train, folder.parent)  # every arm already reached its rung
     assert again["rounds"] == res["rounds"] and again["cost"] == res["cost"]
     assert (folder / "arms" / f"alpha-2__seed{halving.CIFAR_SEED}" / "metrics.jsonl").stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="different tournament"):
-        tournament(replace(tiny_train, learning_rate=1e-2), folder.parent, processes=1)
+        tournament(replace(tiny_train, learning_rate=1e-2), folder.parent)
 
 
 def test_exact_ties_in_a_live_tournament_keep_the_smaller_exponents(tiny_train, tmp_path):
     # learning rate 0: no arm moves, so every rung is an exact tie between all arms
     spec = halving.CifarTournament(alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="tie",
-                                   processes=1, threads=1, train=replace(tiny_train, learning_rate=0.0))
+                                   ray=False, threads=1, train=replace(tiny_train, learning_rate=0.0))
     res = halving.run_tournament(spec)
     first, last = res["rounds"]
     assert len(set(first["scores"].values())) == 1
     assert first["kept"] == ["-1", "0"] and first["eliminated"] == ["1"]
     assert last["kept"] == ["-1"] and res["winner"] == "-1"
     assert res["cost"]["C"] == (3 * 2 + 2 * (4 - 2)) / 4
+
+
+def test_a_failing_arm_is_marked_failed_and_the_tournament_goes_on(tiny_train, tmp_path):
+    # a corrupt checkpoint in one arm's run folder: its segment raises, the other arms go on
+    bad = tmp_path / "f/arms" / f"alpha+1__seed{halving.CIFAR_SEED}"
+    (bad / "checkpoints").mkdir(parents=True)
+    (bad / "checkpoints/last.pt").write_bytes(b"not a checkpoint")
+    spec = halving.CifarTournament(alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="f",
+                                   ray=False, threads=1, train=tiny_train)
+    res = halving.run_tournament(spec)
+    first, last = res["rounds"]
+    assert math.isnan(first["scores"]["1"]) and first["ranking"][-1] == "1" and "1" in first["eliminated"]
+    assert list(first["failed"]) == [bad.name] and first["failed"][bad.name]
+    assert sorted(first["kept"]) == ["-1", "0"] and res["status"] == "finished" and res["winner"] in ("-1", "0")
+    assert res["failures"] == [{"alpha": "1", "seed": halving.CIFAR_SEED, "rung": 2, "reason": first["failed"][bad.name]}]
+    assert res["arms"]["1"]["replicates"][0]["failed"] == first["failed"][bad.name]
+    assert res["cost"]["trained"] == 2 * 2 + 2 * (4 - 2)  # the failed arm trained nothing
+    assert json.loads((tmp_path / "f/tournament.json").read_text())["failures"] == res["failures"]
+
+
+def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
+    spec = halving.CifarGrid(alphas=(0.0, -1.0), seeds=(5, 6), rewards=("red-patch", "mixed-texture"),
+                             out_dir=str(tmp_path), name="g", ray=False, threads=1,
+                             train=replace(tiny_train, num_updates=4))
+    res = halving.run_grid(spec)
+    assert len(res["runs"]) == 8 and res["failures"] == [] and res["cost"]["C"] == 8.0
+    for r in res["runs"]:
+        args = json.loads((Path(r["run"]) / "args.json").read_text())
+        assert (args["reward"], args["alpha"], args["seed"]) == (r["task"], float(r["alpha"]), r["seed"])
+        vals = {x["update"]: x["val_reward"] for x in read_jsonl(Path(r["run"]) / "metrics.jsonl")
+                if x.get("kind") == "validation"}
+        assert sorted(vals) == [0, 2, 4] and r["trained"] == 4 and r["status"] == "finished"
+        best = max(vals.values())
+        assert r["peak"] == best and r["peak_update"] == min(k for k, v in vals.items() if v == best)  # eq:peak
+    assert [(row["task"], row["alpha"]) for row in res["table"]] == [
+        ("red-patch", "0"), ("red-patch", "-1"), ("mixed-texture", "0"), ("mixed-texture", "-1")]
+    for row in res["table"]:
+        peaks = [r["peak"] for r in res["runs"] if (r["task"], r["alpha"]) == (row["task"], row["alpha"])]
+        assert row["peaks"] == {"5": peaks[0], "6": peaks[1]} and row["n"] == 2
+        assert row["mean"] == pytest.approx(np.mean(peaks)) and row["sd"] == pytest.approx(np.std(peaks, ddof=1))
+    md = (tmp_path / "g/grid.md").read_text().splitlines()
+    assert md[0] == "| Task | alpha | n | Peak mean ± SD | seed 5 | seed 6 | Notes |"
+    row = res["table"][1]
+    assert md[3] == (f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['peaks']['5']:.6f} | "
+                     f"{row['peaks']['6']:.6f} |  |")
+
+
+def test_without_ray_arms_run_in_this_process(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: `import ray` fails
+    assert halving._connect(halving.CifarTournament()) == (None, False)
+    assert halving._connect(halving.CifarTournament(ray=False)) == (None, False)
+    with pytest.raises(ValueError, match="needs Ray"):
+        halving._connect(halving.CifarTournament(ray_address="auto"))
 
 
 def test_bad_tournament_settings_raise(tiny_train, tmp_path):
@@ -188,6 +229,11 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
         halving.run_tournament(halving.CifarTournament(rungs=(4, 2), out_dir=str(tmp_path), train=tiny_train))
     with pytest.raises(ValueError, match="distinct"):
         halving.run_tournament(halving.CifarTournament(alphas=(0.0, 0.0), out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="--cpus-per-arm 0"):
+        halving.run_tournament(halving.CifarTournament(rungs=(2,), cpus_per_arm=0, out_dir=str(tmp_path), train=tiny_train))
+    with pytest.raises(ValueError, match="--gpus-per-arm -1"):
+        halving.run_grid(halving.CifarGrid(gpus_per_arm=-1, out_dir=str(tmp_path), train=tiny_train))
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_robot_tournament(tmp_path):
@@ -196,7 +242,7 @@ def test_robot_tournament(tmp_path):
                     critic_layers=1, eval_every=2, eval_episodes=2, cuda=False, torch_threads=1)
     # rungs in environment steps: 2 and 4 updates of 4 x 32 steps
     spec = halving.RobotTournament(alphas=(1.0, 0.5), seeds=(3,), rungs=(256, 512), unit="steps",
-                                   out_dir=str(tmp_path), name="r", train=train)
+                                   out_dir=str(tmp_path), name="r", ray=False, train=train)
     res = halving.run_tournament(spec)
     assert res["cost"]["trained"] == 2 * 256 + 256 and res["cost"]["C"] == 1.5
     rnd = res["rounds"][0]
