@@ -359,7 +359,7 @@ def collect_rollout(state: State, args: Args) -> dict:
     act_buf = torch.zeros(T, n, d, device=dev)
     rew_buf, done_buf, boot_buf = (torch.zeros(T, n, device=dev) for _ in range(3))
     ep_ret, ep_len, ep_n = (torch.zeros((), dtype=torch.float64, device=dev) for _ in range(3))
-    if isinstance(state.sampler, NumpySampler):
+    if hasattr(state.sampler, "refresh"):  # the NumPy copy of the actor takes the current weights
         state.sampler.refresh()
     for step in range(T):
         if state.obs_rms is not None:

@@ -34,6 +34,8 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
+from fpo_utils.envs import make_envs  # noqa: E402
+from fpo_utils.fast import NumpySampler  # noqa: E402
 
 
 @dataclass
@@ -101,30 +103,28 @@ def time_gemms(shapes, steps: int, threads: int, reps: int) -> float:
 
 def main(args: Args) -> dict:
     r = robot_fpo.Args()
-    envs = robot_fpo.make_vec_env(args.env_id, args.num_envs)
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
-    act_dim = int(np.prod(envs.single_action_space.shape))
-    low, high = envs.single_action_space.low.astype(np.float64), envs.single_action_space.high.astype(np.float64)
+    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    obs_dim, act_dim = envs.obs_dim, envs.act_dim
     rng = np.random.default_rng(args.seed)
-    envs.reset(seed=args.seed)
+    envs.reset(args.seed)
     env_s = float("inf")
     for _ in range(args.reps + 1):  # the first pass warms up
         t0 = time.perf_counter()
         for _ in range(args.num_steps):
-            envs.step(robot_fpo.squash_action(rng.standard_normal((args.num_envs, act_dim)), low, high))
+            envs.step(torch.from_numpy(rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)))
         env_s = min(env_s, time.perf_counter() - t0)
     envs.close()
 
     torch.manual_seed(args.seed)
     actor = robot_fpo.FlowActor(obs_dim, act_dim, r.actor_hidden, r.actor_layers, r.time_embed_dim, r.output_scale)
-    sampler = robot_fpo.NumpyFlowSampler(actor)
-    obs = rng.standard_normal((args.num_envs, obs_dim))
-    x0 = rng.standard_normal((args.num_envs, act_dim))
+    sampler = NumpySampler(actor)
+    obs = rng.standard_normal((args.num_envs, obs_dim)).astype(np.float32)
+    x0 = rng.standard_normal((args.num_envs, act_dim)).astype(np.float32)
     sampler_s = float("inf")
     for _ in range(args.reps + 1):
         t0 = time.perf_counter()
         for _ in range(args.num_steps):
-            sampler.sample(obs, x0, args.flow_steps)
+            sampler.sample_np(obs, x0, args.flow_steps)
         sampler_s = min(sampler_s, time.perf_counter() - t0)
 
     batch = args.num_envs * args.num_steps

@@ -1,29 +1,23 @@
-"""Environment-only versus end-to-end FPO steps per second on the same vector environment.
+"""Environment-only versus end-to-end steps per second of robot_fpo.py, side by side in one run.
 
-Both measurements use the environments ``robot_fpo.py`` trains on (same id, number of
-environments, sync/async vectorisation, action squashing) and the same process:
+Both measurements use the same environments (``fpo_utils.envs.make_envs``: same id, backend,
+number of environments and envpool threads) in the same process:
 
-- environment-only: ``num_updates * num_steps`` vectorised steps with random actions;
-- end-to-end: ``num_updates`` FPO iterations (``collect_rollout`` + ``update``), excluding
-  evaluation and checkpoint writing.
+- environment-only: ``num_updates * num_steps`` vectorised steps with uniform random actions in
+  [-1, 1] through the trainer's environment object (the raw ``envpool`` rate, without the torch
+  hand-over, is reported beside it for envpool ids);
+- end-to-end: ``num_updates`` iterations of the trainer (``collect_rollout`` + ``update``), after
+  one warm-up iteration (and CUDA-graph capture); evaluation, checkpoints and the environment
+  restarts at checkpoint boundaries are not counted.
 
-With ``--repeats R`` the two measurements alternate R times (the simulator's speed drifts by
-tens of percent between runs on a shared machine, so each end-to-end block is compared with the
-environment-only block measured just before it); the reported ratio is the median of the R
-ratios. The script prints both rates and the ratio (target: end-to-end >= 70% of
-environment-only) and, in the JSON, the mean seconds per iteration spent in the rollout and in
-the update, the rollout split into the flow sampler, the vector environment's ``step`` and the
-rest (normalisation, bookkeeping, old losses, values and GAE), and whether the update replayed a
-CUDA graph (``--cuda`` with ``--cuda-graph``, the default). Pin the cores with ``taskset`` to
-measure a given core count, e.g.::
+With ``--repeats R`` the two alternate R times and the reported ratio is the median of the R
+ratios (a shared machine's speed drifts between runs). Target (issue: CPU path): end-to-end >= 70%
+of environment-only on 16 cores. Settings come from a robot_fpo.py preset plus the overrides below.
+Examples (pin cores with taskset to measure a given count)::
 
-    taskset -c 0,1 python benchmarks/bench_robot_sps.py --torch-threads 1
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --torch-threads 8
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --torch-threads 1 --cuda          # CUDA graph
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --torch-threads 4 --cuda --no-cuda-graph
-
-The update is a stream of small matrix products: on a CPU whose other cores are busy, more
-torch threads than free cores make it many times slower (OpenMP threads wait for each other).
+    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id HalfCheetah-v5 --num-envs 1024 --cuda
+    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id CartpoleSwingup-v1 --num-envs 2048 --cuda
+    taskset -c 0,1 python benchmarks/bench_robot_sps.py --env-id InvertedPendulum-v5 --num-envs 16
 """
 
 from __future__ import annotations
@@ -34,45 +28,44 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
+from typing import Literal
 
-import numpy as np
 import torch
 import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
+from fpo_utils.envs import EnvpoolVecEnv, make_envs  # noqa: E402
 
 
 @dataclass
 class BenchArgs:
+    preset: Literal["default", "fpo", "fpopp"] = "default"
+    """robot_fpo.py preset whose settings are benchmarked"""
     env_id: str = "HalfCheetah-v5"
-    """gymnasium id of the benchmarked task"""
-    num_envs: int = robot_fpo.Args.num_envs
-    """parallel environments (as ``robot_fpo.py --num-envs``; default: its default)"""
-    num_steps: int = 64
-    """rollout length per environment (as ``robot_fpo.py --num-steps``)"""
-    async_envs: bool = False
-    """use ``AsyncVectorEnv`` (one subprocess per environment)"""
-    objective: str = "fpo"
-    """objective of the end-to-end run: fpo or fpopp"""
-    num_draws: int = 8
-    """(t, eps) draws per action (as ``robot_fpo.py --num-draws``)"""
-    update_epochs: int = robot_fpo.Args.update_epochs
-    """epochs per update (as ``robot_fpo.py --update-epochs``)"""
-    num_minibatches: int = robot_fpo.Args.num_minibatches
-    """minibatches per epoch (as ``robot_fpo.py --num-minibatches``)"""
-    num_updates: int = 10
-    """measured iterations per repeat (after one warm-up iteration)"""
+    """task id"""
+    backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"
+    """environment backend (as robot_fpo.py --backend)"""
+    num_envs: int = 0
+    """parallel environments (0: the preset's)"""
+    num_steps: int = 0
+    """rollout length per environment (0: the preset's)"""
+    objective: Literal["", "fpo", "fpopp"] = ""
+    """objective of the end-to-end run (empty: the preset's)"""
+    env_threads: int = 0
+    """envpool threads (0: one per core)"""
+    num_updates: int = 5
+    """measured iterations per repeat"""
     repeats: int = 1
-    """alternating environment-only / end-to-end measurement pairs (the ratio is their median)"""
-    torch_threads: int = 0
-    """``torch.set_num_threads`` (0 keeps the default)"""
+    """alternating environment-only / end-to-end measurement pairs"""
+    torch_threads: int = 1
+    """torch.set_num_threads (0 keeps the default)"""
     seed: int = 1
     """seed"""
     cuda: bool = False
-    """run the networks of the end-to-end measurement on the GPU when one is present"""
+    """networks on the GPU when one is present (rollout sampler on the GPU, CUDA-graph update)"""
     cuda_graph: bool = True
-    """on the GPU, replay the update step as a CUDA graph (as ``robot_fpo.py --cuda-graph``)"""
+    """on the GPU, replay the update step as a CUDA graph"""
     json_out: str = ""
     """optional path of a JSON file with the numbers"""
 
@@ -83,6 +76,9 @@ class Timed:
     def __init__(self, fn):
         self.fn, self.total = fn, 0.0
 
+    def __getattr__(self, name):  # e.g. the sampler's refresh()
+        return getattr(self.fn, name)
+
     def __call__(self, *a, **k):
         t0 = time.perf_counter()
         try:
@@ -91,108 +87,83 @@ class Timed:
             self.total += time.perf_counter() - t0
 
 
-class EnvOnly:
-    """The environment-only loop: the same vector environment stepped with random actions."""
-
-    def __init__(self, args: robot_fpo.Args):
-        self.args = args
-        self.envs = robot_fpo.make_vec_env(args.env_id, args.num_envs, args.async_envs)
-        space = self.envs.single_action_space
-        self.low, self.high = space.low.astype(np.float64), space.high.astype(np.float64)
-        self.d = int(np.prod(space.shape))
-        self.rng = np.random.default_rng(args.seed)
-        self.envs.reset(seed=robot_fpo.segment_seeds(args.seed, 0, args.num_envs))
-        self.sps(args.num_steps)  # warm-up
-
-    def sps(self, steps: int) -> float:
-        n = self.args.num_envs
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            self.envs.step(robot_fpo.squash_action(self.rng.standard_normal((n, self.d)), self.low, self.high))
-        return steps * n / (time.perf_counter() - t0)
-
-
-class EndToEnd:
-    """FPO iterations (``collect_rollout`` + ``update``) with the rollout's time split up."""
-
-    def __init__(self, args: robot_fpo.Args, device: torch.device):
-        self.args = args
-        torch.manual_seed(args.seed)
-        self.state = robot_fpo.build_state(args, device)
-        robot_fpo.reset_envs(self.state, args.seed)
-        self.iterate()  # warm-up (and CUDA-graph capture)
-        self.sampler = Timed(robot_fpo.NumpyFlowSampler.sample)
-        self.env_step = Timed(self.state.envs.step)
-        self.state.envs.step = self.env_step
-        self.t_roll = self.t_upd = 0.0
-        self.iterations = 0
-
-    def iterate(self) -> tuple[float, float]:
-        ta = time.perf_counter()
-        batch = robot_fpo.collect_rollout(self.state, self.args)
-        tb = time.perf_counter()
-        robot_fpo.update(self.state, batch, self.args, robot_fpo.current_alpha(self.args, self.state.global_step))
-        return tb - ta, time.perf_counter() - tb
-
-    def sps(self, updates: int) -> float:
-        original = robot_fpo.NumpyFlowSampler.sample
-        robot_fpo.NumpyFlowSampler.sample = lambda s, *a, **k: self.sampler(s, *a, **k)
-        try:
-            t0 = time.perf_counter()
-            for _ in range(updates):
-                roll, upd = self.iterate()
-                self.t_roll, self.t_upd = self.t_roll + roll, self.t_upd + upd
-            dt = time.perf_counter() - t0
-        finally:
-            robot_fpo.NumpyFlowSampler.sample = original
-        self.iterations += updates
-        return updates * self.args.num_envs * self.args.num_steps / dt
-
-    def breakdown(self) -> dict:
-        """Mean seconds per iteration: rollout (sampler, environment steps, rest) and update."""
-        k = self.iterations
-        return {
-            "rollout_s": self.t_roll / k, "update_s": self.t_upd / k,
-            "rollout_sampler_s": self.sampler.total / k, "rollout_env_step_s": self.env_step.total / k,
-            "rollout_other_s": (self.t_roll - self.sampler.total - self.env_step.total) / k,
-            "cuda_graph": self.state.graph is not None,
-        }
+def env_only_sps(envs, step, steps: int, gen: torch.Generator) -> tuple[float, float | None]:
+    """(steps/s through the environment object, raw envpool steps/s or None)."""
+    n, d = envs.num_envs, envs.act_dim
+    actions = [2 * torch.rand(n, d, generator=gen) - 1 for _ in range(8)]
+    t0 = time.perf_counter()
+    for k in range(steps):
+        step(actions[k % 8].to(envs.device))
+    sps = steps * n / (time.perf_counter() - t0)
+    if not isinstance(envs, EnvpoolVecEnv):
+        return sps, None
+    boxed = [envs._to_box(a).astype("float32") for a in actions]
+    t0 = time.perf_counter()
+    for k in range(steps):
+        envs._pool.step(boxed[k % 8])  # envpool's own next-step auto-reset; no torch hand-over
+    return sps, steps * n / (time.perf_counter() - t0)
 
 
 def main(b: BenchArgs) -> dict:
     if b.torch_threads > 0:
         torch.set_num_threads(b.torch_threads)
-    if b.repeats < 1:
-        raise ValueError(f"repeats={b.repeats}; must be >= 1")
-    args = replace(
-        robot_fpo.Args(), env_id=b.env_id, num_envs=b.num_envs, num_steps=b.num_steps,
-        async_envs=b.async_envs, objective=b.objective, seed=b.seed, cuda=b.cuda, cuda_graph=b.cuda_graph,
-        num_draws=b.num_draws, update_epochs=b.update_epochs, num_minibatches=b.num_minibatches,
-    )
+    base = robot_fpo.PRESETS[b.preset]
+    over = {k: v for k, v in dict(num_envs=b.num_envs, num_steps=b.num_steps, objective=b.objective).items() if v}
+    args = replace(base, env_id=b.env_id, backend=b.backend, env_threads=b.env_threads, seed=b.seed, cuda=b.cuda,
+                   cuda_graph=b.cuda_graph, **over)
+    robot_fpo.validate_args(args)
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
-    env_only, e2e = EnvOnly(args), EndToEnd(args, device)
-    env_sps, e2e_sps = [], []
+    torch.manual_seed(b.seed)
+    state = robot_fpo.build_state(args, device)
+    robot_fpo.reset_envs(state, args.seed)
+    env_step = Timed(state.envs.step)
+    state.envs.step = env_step
+    state.sampler = sampler = Timed(state.sampler)
+
+    def iterate() -> tuple[float, float]:
+        ta = time.perf_counter()
+        batch = robot_fpo.collect_rollout(state, args)
+        tb = time.perf_counter()
+        robot_fpo.update(state, batch, args, robot_fpo.current_alpha(args, state.global_step))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return tb - ta, time.perf_counter() - tb
+
+    t_warm = time.perf_counter()
+    iterate()  # warm-up (and CUDA-graph capture)
+    t_warm = time.perf_counter() - t_warm
+    env_step.total = sampler.total = 0.0
+    gen = torch.Generator().manual_seed(b.seed)
+    env_sps, raw_sps, e2e_sps, t_roll, t_upd = [], [], [], 0.0, 0.0
     for _ in range(b.repeats):
-        env_sps.append(env_only.sps(b.num_updates * b.num_steps))
-        e2e_sps.append(e2e.sps(b.num_updates))
-    env_only.envs.close()
-    e2e.state.envs.close()
+        sps, raw = env_only_sps(state.envs, env_step.fn, b.num_updates * args.num_steps, gen)
+        env_sps.append(sps)
+        raw_sps.append(raw)
+        robot_fpo.reset_envs(state, args.seed)  # the env-only steps left episodes mid-way: restart them
+        t0 = time.perf_counter()
+        for _ in range(b.num_updates):
+            roll, upd = iterate()
+            t_roll, t_upd = t_roll + roll, t_upd + upd
+        e2e_sps.append(b.num_updates * args.num_envs * args.num_steps / (time.perf_counter() - t0))
+    state.envs.close()
+    k = b.num_updates * b.repeats
     ratios = [e / v for e, v in zip(e2e_sps, env_sps)]
-    env_med, e2e_med = statistics.median(env_sps), statistics.median(e2e_sps)
     out = {
-        "env_id": b.env_id, "num_envs": b.num_envs, "num_steps": b.num_steps, "async_envs": b.async_envs,
-        "objective": b.objective, "num_draws": b.num_draws, "update_epochs": b.update_epochs,
-        "num_minibatches": b.num_minibatches, "device": str(device),
-        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-        "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
-        "actor": f"{args.actor_layers}x{args.actor_hidden}", "updates_per_repeat": b.num_updates, "repeats": b.repeats,
-        "env_only_sps": env_med, "end_to_end_sps": e2e_med, "ratio": statistics.median(ratios),
+        "preset": b.preset, "env_id": b.env_id, "backend": type(state.envs).__name__, "num_envs": args.num_envs,
+        "num_steps": args.num_steps, "objective": args.objective, "update_epochs": args.update_epochs,
+        "num_minibatches": args.num_minibatches, "num_draws": args.num_draws, "device": str(device),
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "cores": len(os.sched_getaffinity(0)),
+        "env_threads": getattr(state.envs, "_threads", None), "torch_threads": torch.get_num_threads(),
+        "updates_per_repeat": b.num_updates, "repeats": b.repeats,
+        "env_only_sps": statistics.median(env_sps), "end_to_end_sps": statistics.median(e2e_sps),
+        "ratio": statistics.median(ratios), "raw_envpool_sps": raw_sps[0] and statistics.median(raw_sps),
         "ratios": ratios, "env_only_sps_all": env_sps, "end_to_end_sps_all": e2e_sps,
-        "env_only_s_per_rollout": b.num_envs * b.num_steps / env_med, **e2e.breakdown(),
+        "rollout_s": t_roll / k, "update_s": t_upd / k, "rollout_sampler_s": sampler.total / k,
+        "rollout_env_step_s": env_step.total / k, "warmup_s": t_warm, "cuda_graph": state.graph is not None,
     }
     print(json.dumps(out))
-    print(f"env-only {env_med:.0f} steps/s, end-to-end {e2e_med:.0f} steps/s, ratio {out['ratio']:.2f} "
-          f"(median of {b.repeats}; device {device}, CUDA-graph update {'used' if out['cuda_graph'] else 'not used'})")
+    print(f"{b.env_id} x {args.num_envs}: env-only {out['env_only_sps']:.0f} steps/s, end-to-end {out['end_to_end_sps']:.0f} "
+          f"steps/s, ratio {out['ratio']:.2f} (device {device}, rollout {out['rollout_s']:.3f} s, update {out['update_s']:.3f} s)")
     if b.json_out:
         with open(b.json_out, "w") as f:
             json.dump(out, f, indent=2)

@@ -27,7 +27,7 @@ for seed in $SEEDS; do
       first=$((CORE0 + CORES * i))
       timeout "$TIMEOUT" taskset -c "$first-$((first + CORES - 1))" python3 robot_fpo.py --env-id "$env" --objective fpo \
         --alpha-eps "$a" --total-timesteps 1000000 --eval-every 20 --checkpoint-every 40 --seed "$seed" \
-        --run-dir "$RUN_DIR" --run-name "$name" "$@" > "$RUN_DIR/$name.log" 2>&1 &
+        --runs-dir "$RUN_DIR" --run-name "$name" "$@" > "$RUN_DIR/$name.log" 2>&1 &
       i=$((i + 1))
     done
   done
@@ -49,7 +49,7 @@ for env in ("HalfCheetah-v5", "Walker2d-v5"):
                 continue
             evals = [(r["global_step"], r["eval_return"]) for r in rows if "eval_return" in r]
             last = rows[-1]
-            status = status if status in ("completed", "nonfinite") else "stopped early"
+            status = status if status in ("finished", "nonfinite") else "stopped early"
             step, peak = max(evals, key=lambda e: e[1])
             print(f"{name}: last eval {evals[-1][1]:.0f} at step {evals[-1][0]}, peak {peak:.0f} at step {step}, "
                   f"{last['global_step']} steps, {status}")

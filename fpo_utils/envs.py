@@ -26,6 +26,7 @@ at this step; meaningful where terminated or truncated).
 from __future__ import annotations
 
 import difflib
+import gc
 import importlib.util
 import os
 from typing import Literal
@@ -156,8 +157,10 @@ class EnvpoolVecEnv(_Base):
         self._setup(self._pool.action_space, obs_dim, num_envs, device)
 
     def _make(self, num_envs: int, seed: int) -> None:
-        if self._pool is not None:
+        if self._pool is not None:  # free the old pool before the new one is built
             self._pool.close()
+            self._pool = None
+            gc.collect()
         self._pool = self._envpool.make(self.env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed),
                                         num_threads=self._threads)
         self._seed, self._fresh = int(seed), True

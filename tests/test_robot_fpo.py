@@ -560,3 +560,31 @@ def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, mo
         R.main(replace(part, resume=True, learning_rate=1e-3))
     assert R.main(replace(part, resume=True))["status"] == "finished"
     assert strip_time(read_rows(tmp_path / "b" / "run" / "metrics.jsonl")) == strip_time(ref)
+
+
+def test_nonfinite_run_exits_3_through_the_cli(tmp_path, monkeypatch):
+    from fpo_utils.runfolder import cli
+
+    real = R.fpo_loss
+    monkeypatch.setattr(R, "fpo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), *out[1:]))(real(*a, **k)))
+    argv = ["--env-id", "InvertedPendulum-v5", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+            "--update-epochs", "1", "--num-updates", "2", "--eval-episodes", "1", "--no-cuda", "--runs-dir", str(tmp_path),
+            "--run-name", "nan"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli(R.main, R.Args, R.PRESETS, argv=argv)
+    assert exit_info.value.code == 3
+    rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["update"] for r in rows] == [0, 1] and json.loads(rows[-1])["nonfinite"] is True
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "nonfinite"
+
+
+def test_actor_ema_copies_during_warmup_then_averages(tmp_path):
+    args = tiny_args(tmp_path, objective="fpopp", actor_ema=0.9, ema_warmup=1, num_updates=2, eval_every=1)
+    R.main(args)
+    first = tiny_args(tmp_path / "one", objective="fpopp", actor_ema=0.9, ema_warmup=1, num_updates=1, eval_every=1)
+    R.main(first)
+    c1 = torch.load(tmp_path / "one" / "run" / "checkpoints" / "last.pt", weights_only=False)
+    c2 = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    for k in c1["actor"]:  # update 1 (warm-up): the EMA is the actor; update 2: 0.9 EMA + 0.1 actor
+        torch.testing.assert_close(c1["ema"][k], c1["actor"][k])
+        torch.testing.assert_close(c2["ema"][k], 0.9 * c1["actor"][k] + 0.1 * c2["actor"][k])
