@@ -60,7 +60,7 @@ class Args:
     resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
     track: bool = False  # also send the scalars to Weights & Biases
     cuda: bool = True  # use the GPU for the networks when one is present
-    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU or with --target-kl)
+    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -89,7 +89,7 @@ class Args:
     gae_unroll: int = 0  # 0: GAE over the rollout with its critic; k: official FPO, in each minibatch over unrolls of k steps with the current critic
     num_minibatches: int = 16  # minibatches per epoch
     update_epochs: int = 4  # epochs over each rollout
-    norm_adv: bool = True  # normalise advantages (per minibatch for FPO, over the rollout for FPO++)
+    norm_adv: bool = True  # normalise advantages (per minibatch for FPO and with --gae-unroll, else over the rollout for FPO++)
     clip_coef: float = 0.05  # trust-region width rho (0.05 in both official codes)
     vf_coef: float = 0.25  # coefficient of the value loss (mean squared error)
     max_grad_norm: float = 0.5  # global gradient-norm clip (<= 0 disables)
