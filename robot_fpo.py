@@ -1,22 +1,15 @@
 """FPO and FPO++ flow policies trained from scratch on MuJoCo / DeepMind Control tasks.
 
-A single-file, CleanRL-style trainer (compare CleanRL's ``ppo_continuous_action.py``): a flow policy
-(MLP on the normalised observation, the noisy action and a time embedding; Euler sampling), a value
-network, GAE and vectorised environments (envpool, gymnasium or MuJoCo Playground: fpo_utils/envs.py).
-``--objective fpo`` (eq:fpo-objective): noise-target residuals on the grid s = 1 - t in {.1, ..., 1},
-the weight INSIDE the exponent, ``r_i = exp(1/M sum_m w_alpha_eps(s_im) (l_old - l_theta)_im)``, PPO
-clip. ``--objective fpopp`` (eq:fpopp-objective): velocity residuals, clamped losses, per-draw ratios,
-ASPO; the weight ``w_alpha(t)`` multiplies the per-draw proxy AFTER the exponential. alpha = 1 is native.
-Conventions: ``t = 0`` is noise and ``t = 1`` the action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``;
-the environment gets ``tanh(x)`` (or x clipped) in [-1, 1], rescaled to its box; x is stored.
-Presets (``--preset``): ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO,
-app:robotics: one update = one block of 983,040 steps) and ``fpopp`` (official FPO++ defaults).
-Run folder (``fpo_utils/runfolder.py``): args.json, metrics.jsonl, TensorBoard scalars, summary.json,
-curve.png, checkpoints/last.pt. Simulator state is not checkpointed: at every checkpoint all
-environments restart from seeds derived from (seed, update), in an uninterrupted run as after
-``--resume``, which therefore reproduces it exactly (CPU). Ctrl-C / SIGTERM stop at the next
-checkpoint (a second signal at once); a non-finite update keeps the last good checkpoint (exit 3).
-Measured results and tuning history: ``benchmarks/robot_results/README.md``.
+A CleanRL-style trainer (compare ``ppo_continuous_action.py``): a flow policy (MLP on the normalised
+observation, the noisy action and a time embedding; Euler sampling), a critic, GAE and vectorised
+environments (envpool, gymnasium or MuJoCo Playground: fpo_utils/envs.py). ``--objective fpo``
+(eq:fpo-objective): the weight sits INSIDE the exponent, ``r_i = exp(1/M sum_m w(s_im) (l_old - l)_im)``;
+``--objective fpopp`` (eq:fpopp-objective): per-draw ratios, the weight multiplies the proxy AFTER the
+exponential. Conventions: ``t = 0`` noise, ``t = 1`` action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``;
+the environment gets tanh(x) (or x clipped), x is stored. Run folder: fpo_utils/runfolder.py. At every
+checkpoint all environments restart from seeds derived from (seed, update), so ``--resume`` reproduces
+an uninterrupted run exactly (CPU) and Ctrl-C / SIGTERM stop at the next checkpoint (twice: at once).
+Presets: see Args. Results and tuning history: benchmarks/robot_results/README.md.
 
     python robot_fpo.py --env-id CartpoleSwingup-v1 --objective fpopp --alpha 0.5
     python robot_fpo.py --preset fpo --env-id WalkerRun-v1 --alpha-eps 0.5
@@ -44,14 +37,16 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    """Flags. Where the paper leaves a choice open, the ``fpo`` preset does what the official FPO code
+    """Flags; ``--preset`` picks a named set of defaults: ``default`` (CPU scale, 64 environments x 64
+    steps), ``fpo`` (official FPO, app:robotics: one update = one block of 983,040 steps), ``fpopp``
+    (official FPO++). Where the paper leaves a choice open, the ``fpo`` preset does what the official FPO code
     (akanazawa/fpo, ``playground/``) does: Adam (eps 1e-8, no weight decay, constant lr), rewards x 10
     without reward normalisation, SiLU in both networks, the sampled action stored unclamped and
     tanh(x) sent to the environment, advantages normalised per minibatch, value loss 0.25 x MSE, 8
-    draws stored at rollout time and averaged before the exponential. Still different here: GAE runs
-    over the whole 480-step rollout with the rollout's critic (official: per 30-step unroll inside each
-    minibatch, with the current critic, truncated steps left out of the value loss); observation
-    statistics are updated every step and clipped at +-10 (official: once per update, unclipped); time
+    draws stored at rollout time and averaged before the exponential, and (``--gae-unroll 30``) GAE
+    recomputed in each minibatch of 1,024 unrolls x 30 steps with the current critic, brax's form, no
+    TD error or value loss at time-limit steps. Still different here: observation statistics are
+    updated every step and clipped at +-10 (official: once per update, unclipped); time
     embedding frequencies pi 2^k (official 2^k); torch's default Linear init (official lecun-uniform).
     The ``fpopp`` preset takes the official FPO++ defaults (both losses clamped at 20, the current one
     again where A < 0, difference clamp 10, advantage clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1,
@@ -65,7 +60,7 @@ class Args:
     resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
     track: bool = False  # also send the scalars to Weights & Biases
     cuda: bool = True  # use the GPU for the networks when one is present
-    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU or with --target-kl)
+    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -91,13 +86,13 @@ class Args:
     adam_eps: float = 1e-5  # Adam epsilon
     gamma: float = 0.99  # discount factor
     gae_lambda: float = 0.95  # GAE lambda
+    gae_unroll: int = 0  # 0: GAE over the rollout with its critic; k: official FPO, in each minibatch over unrolls of k steps with the current critic
     num_minibatches: int = 16  # minibatches per epoch
     update_epochs: int = 4  # epochs over each rollout
-    norm_adv: bool = True  # normalise advantages (per minibatch for FPO, over the rollout for FPO++)
+    norm_adv: bool = True  # normalise advantages (per minibatch for FPO and with --gae-unroll, else over the rollout for FPO++)
     clip_coef: float = 0.05  # trust-region width rho (0.05 in both official codes)
     vf_coef: float = 0.25  # coefficient of the value loss (mean squared error)
     max_grad_norm: float = 0.5  # global gradient-norm clip (<= 0 disables)
-    target_kl: float = 0.0  # stop the update when a minibatch's approximate KL mean((r - 1) - log r) exceeds this (<= 0 off)
 
     # Flow policy
     num_draws: int = 8  # (t, eps) draws M per stored action
@@ -150,7 +145,7 @@ PRESETS = {
         preset="fpo", env_id="WalkerRun-v1", num_envs=2048, num_steps=480, num_minibatches=32, update_epochs=16,
         total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
         norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
-        critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128,
+        critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128, gae_unroll=30,
     ),
     "fpopp": Args(
         preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
@@ -340,25 +335,21 @@ class State:
     graph: GraphedStep | None = None  # the captured minibatch step (--cuda-graph), built on first use
 
 
-def reset_envs(state: State, seed: int) -> None:
-    """Start fresh episodes in every environment, seeded from (seed, update)."""
+def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, seeded from (seed, update)
     state.next_obs = state.envs.reset(segment_seed(seed, state.update)).to(state.device)
     state.ret_acc = torch.zeros(state.envs.num_envs, dtype=torch.float64, device=state.device)
 
 
 def collect_rollout(state: State, args: Args) -> dict:
     """``num_steps`` vectorised steps; returns the batch with draws, old losses and GAE advantages.
-
-    Observations are normalised at collection (statistics updated first, as CleanRL's wrapper)
-    and stored normalised. A truncated episode is bootstrapped with ``gamma V(final obs)``.
-    """
+    Observations are normalised at collection (statistics updated first, as CleanRL's wrapper) and
+    stored normalised. A truncated episode is bootstrapped with ``gamma V(final obs)``."""
     envs, dev, actor, critic = state.envs, state.device, state.actor, state.critic
     n, T, d = envs.num_envs, args.num_steps, envs.act_dim
-    obs_buf = torch.zeros(T, n, envs.obs_dim, device=dev)
-    final_buf = torch.zeros(T, n, envs.obs_dim, device=dev)
+    obs_buf, final_buf = (torch.zeros(T, n, envs.obs_dim, device=dev) for _ in range(2))
     act_buf = torch.zeros(T, n, d, device=dev)
-    rew_buf, done_buf, boot_buf = (torch.zeros(T, n, device=dev) for _ in range(3))
-    ep_ret, ep_len, ep_n = (torch.zeros((), dtype=torch.float64, device=dev) for _ in range(3))
+    rew_buf, term_buf, trunc_buf = (torch.zeros(T, n, device=dev) for _ in range(3))
+    ep = torch.zeros(3, dtype=torch.float64, device=dev)  # sums over finished episodes: return, length, count
     if hasattr(state.sampler, "refresh"):  # the NumPy copy of the actor takes the current weights
         state.sampler.refresh()
     for step in range(T):
@@ -374,17 +365,14 @@ def collect_rollout(state: State, args: Args) -> dict:
         act_buf[step] = x
         next_obs, reward, term, trunc, info = envs.step(squash(x, args.action_squash))
         done = (term | trunc).to(dev)
-        ep_ret += (info["episode_return"].to(dev).double() * done).sum()
-        ep_len += (info["episode_length"].to(dev).double() * done).sum()
-        ep_n += done.sum()
+        ep += torch.stack([info["episode_return"].to(dev).double(), info["episode_length"].to(dev).double(), done.double()]) @ done.double()
         reward = reward.to(dev).double() * args.reward_scale
         if state.ret_rms is not None:
             state.ret_acc = state.ret_acc * args.gamma + reward
             state.ret_rms.update(state.ret_acc)
             reward = (reward / torch.sqrt(state.ret_rms.var + 1e-8)).clamp(-10.0, 10.0)
             state.ret_acc = state.ret_acc * (~done)
-        rew_buf[step], done_buf[step] = reward.float(), done.float()
-        boot_buf[step] = (trunc & ~term).to(dev).float()
+        rew_buf[step], term_buf[step], trunc_buf[step] = reward.float(), term.float(), trunc.float()
         final_buf[step] = normalize_obs(info["final_obs"].to(dev), state.obs_rms)
         state.next_obs = next_obs.to(dev)
     state.global_step += T * n
@@ -393,27 +381,50 @@ def collect_rollout(state: State, args: Args) -> dict:
         flat_obs = obs_buf.reshape(T * n, -1)
         values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
         next_value = critic(normalize_obs(state.next_obs, state.obs_rms))
-        rew_buf += args.gamma * boot_buf * torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
+        boot = args.gamma * trunc_buf * (1 - term_buf) * torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
         flat_x = act_buf.reshape(T * n, d)
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
         l_old = torch.cat([draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)])
-        adv = torch.zeros(T, n, device=dev)
-        last = torch.zeros(n, device=dev)
+        adv, last = torch.zeros(T, n, device=dev), torch.zeros(n, device=dev)
         for s in reversed(range(T)):
             nv = next_value if s == T - 1 else values[s + 1]
-            nonterm = 1.0 - done_buf[s]
-            delta = rew_buf[s] + args.gamma * nv * nonterm - values[s]
+            nonterm = 1.0 - torch.maximum(term_buf[s], trunc_buf[s])
+            delta = rew_buf[s] + boot[s] + args.gamma * nv * nonterm - values[s]
             last = delta + args.gamma * args.gae_lambda * nonterm * last
             adv[s] = last
-    k = max(float(ep_n), 1.0)
+    ep_n, (ep_ret, ep_len) = int(ep[2]), (ep[:2] / max(float(ep[2]), 1.0)).tolist()
+    batch = {"obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old, "adv": adv.reshape(-1),
+             "returns": (adv + values).reshape(-1)}
+    if args.gae_unroll:  # unrolls of gae_unroll steps of one environment; GAE follows in each minibatch
+        rows = {"rew": rew_buf, "disc": args.gamma * (1 - term_buf), "trunc": trunc_buf, "boot": final_buf}
+        batch.update({key: v.reshape(T * n, *v.shape[2:]) for key, v in rows.items()})
+        batch = {key: unrolls(v, T, args.gae_unroll) for key, v in batch.items() if key not in ("adv", "returns")}
+        batch["boot"] = batch["boot"][:, -1]  # the observation after each unroll's last step (before any reset)
     return {
-        "obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old,
-        "adv": adv.reshape(-1), "returns": (adv + values).reshape(-1),
-        "episodes": int(ep_n), "episodic_return": float(ep_ret) / k if ep_n else None,
-        "episodic_length": float(ep_len) / k if ep_n else None,
+        **batch,
+        "episodes": ep_n, "episodic_return": ep_ret if ep_n else None, "episodic_length": ep_len if ep_n else None,
         "action_abs_mean": float(act_buf.abs().mean()), "action_abs_max": float(act_buf.abs().max()),
     }
+
+
+def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
+    """Rows (T * n, ...) in time-major order -> (n * T / k, k, ...): unrolls of k steps of one environment."""
+    a = a.reshape(T // k, k, -1, *a.shape[1:])
+    return a.movedim(2, 0).reshape(-1, k, *a.shape[3:])
+
+
+def unroll_gae(rew, disc, trunc, values, boot_value, lam: float):
+    """(value targets, advantages) over unrolls (m, k) in the official FPO code's (brax's) form: ``disc``
+    is gamma (0 after a termination); time-limit steps get no TD error and no advantage."""
+    mask = 1.0 - trunc
+    deltas = (rew + disc * torch.cat([values[:, 1:], boot_value[:, None]], 1) - values) * mask
+    acc, out = torch.zeros_like(boot_value), []
+    for s in reversed(range(rew.shape[1])):
+        acc = deltas[:, s] + disc[:, s] * lam * mask[:, s] * acc
+        out.append(acc)
+    vs = torch.stack(out[::-1], 1) + values
+    return vs, (rew + disc * torch.cat([vs[:, 1:], boot_value[:, None]], 1) - values) * mask
 
 
 def chunks(n: int, size: int = 65536) -> list[slice]:
@@ -427,22 +438,31 @@ class NonFiniteLoss(RuntimeError):
 
 
 STAT_KEYS = ("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm")
-BATCH_KEYS = ("obs", "x", "t", "eps", "l_old", "returns")
+BATCH_KEYS = ("obs", "x", "t", "eps", "l_old", "adv", "returns")
+UNROLL_KEYS = ("obs", "x", "t", "eps", "l_old", "rew", "disc", "trunc", "boot")
 
 
 def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
-    """(pg_loss, v_loss, ratio) of the minibatch ``idx`` of ``src`` (the batch plus ``adv``, ``w``).
-    FPO normalises the advantages per minibatch; FPO++ gets them normalised over the rollout."""
-    adv, t, w = src["adv"][idx], src["t"][idx], src["w"][idx]
-    l_new = draw_losses(state.actor, src["obs"][idx], src["x"][idx], t, src["eps"][idx], args.objective)
-    if args.objective == "fpo":
-        if args.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss, ratio, _ = fpo_loss(src["l_old"][idx], l_new, t, adv, 1.0, args.clip_coef, w=w)
+    """(pg_loss, v_loss, ratio) of the minibatch ``idx`` of ``src`` (the batch plus ``w``). FPO
+    normalises the advantages per minibatch; FPO++ gets them normalised over the rollout, except
+    with ``--gae-unroll``, where they come from the current critic in this minibatch."""
+    b = {k: v[idx] for k, v in src.items()}
+    if args.gae_unroll:
+        values = state.critic(b["obs"])  # (m, k)
+        with torch.no_grad():
+            vs, adv = unroll_gae(b["rew"], b["disc"], b["trunc"], values, state.critic(b["boot"]), args.gae_lambda)
+        v_loss = (((vs - values) * (1.0 - b["trunc"])) ** 2).mean()  # no value target at time-limit steps
+        b, adv = {k: v.flatten(0, 1) for k, v in b.items() if k != "boot"}, adv.flatten()
     else:
-        pg_loss, ratio = fpopp_loss(src["l_old"][idx], l_new, t, adv, 1.0, args.clip_coef, args.trust_region,
-                                    args.loss_clamp, args.ratio_log_clamp, args.t_min, args.t_max, w=w)
-    v_loss = ((state.critic(src["obs"][idx]) - src["returns"][idx]) ** 2).mean()
+        adv, v_loss = b["adv"], ((state.critic(b["obs"]) - b["returns"]) ** 2).mean()
+    if args.norm_adv and (args.objective == "fpo" or args.gae_unroll):
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    l_new = draw_losses(state.actor, b["obs"], b["x"], b["t"], b["eps"], args.objective)
+    if args.objective == "fpo":
+        pg_loss, ratio, _ = fpo_loss(b["l_old"], l_new, b["t"], adv, 1.0, args.clip_coef, w=b["w"])
+    else:
+        pg_loss, ratio = fpopp_loss(b["l_old"], l_new, b["t"], adv.clamp(-args.adv_clamp, args.adv_clamp), 1.0, args.clip_coef,
+                                    args.trust_region, args.loss_clamp, args.ratio_log_clamp, args.t_min, args.t_max, w=b["w"])
     return pg_loss, v_loss, ratio
 
 
@@ -461,23 +481,19 @@ def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Ten
 
 
 def uses_cuda_graph(state: State, args: Args) -> bool:
-    """--cuda-graph, networks on CUDA and no --target-kl (early stopping reads the host every step)."""
-    return args.cuda_graph and state.device.type == "cuda" and args.target_kl <= 0
+    return args.cuda_graph and state.device.type == "cuda"
 
 
 def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
     """``update_epochs`` x ``num_minibatches`` gradient steps on both losses. Statistics stay on the
     device until the end; a non-finite loss or gradient raises :class:`NonFiniteLoss`. On CUDA each
     step replays one captured graph (``--cuda-graph``) fed by the same ``torch.randperm`` calls."""
-    n = batch["obs"].shape[0]
+    n = batch["obs"].shape[0]  # transitions, or unrolls with --gae-unroll
     mb, steps = n // args.num_minibatches, args.update_epochs * args.num_minibatches
-    adv = batch["adv"]
-    if args.objective == "fpopp":
-        if args.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        adv = adv.clamp(-args.adv_clamp, args.adv_clamp)
-    src = {**{k: batch[k] for k in BATCH_KEYS}, "adv": adv, "w": draw_weights(batch["t"], args, alpha)}
-    stopped = None  # approximate KL that ended the update early (--target-kl)
+    src = {k: batch[k] for k in (UNROLL_KEYS if args.gae_unroll else BATCH_KEYS)}
+    src["w"] = draw_weights(batch["t"], args, alpha)
+    if args.objective == "fpopp" and args.norm_adv and not args.gae_unroll:
+        src["adv"] = (src["adv"] - src["adv"].mean()) / (src["adv"].std() + 1e-8)
     if uses_cuda_graph(state, args):
         key = (n, steps, mb)
         if state.graph is None or state.graph.key != key:
@@ -489,26 +505,12 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
         for _ in range(args.update_epochs):
             perm = torch.randperm(n, device=state.device)
             for start in range(0, mb * args.num_minibatches, mb):
-                pg_loss, v_loss, ratio = minibatch_losses(state, src, perm[start : start + mb], args)
-                if args.target_kl > 0:
-                    r = ratio.detach().double()
-                    kl = float(((r - 1.0) - torch.log(r)).mean())
-                    if not kl <= args.target_kl:  # also stops on nan
-                        stopped = kl
-                        break
-                rows.append(gradient_step(state, pg_loss, v_loss, ratio, args))
-            if stopped is not None:
-                break
-        if stopped is not None and math.isnan(stopped):
-            raise NonFiniteLoss(f"non-finite ratio at update {state.update + 1}")
-        table = torch.stack(rows) if rows else None
-    out = {"minibatch_steps": 0 if table is None else table.shape[0], "early_stop_kl": stopped}
-    if table is None:
-        return out
-    stats = table.cpu().numpy().astype(np.float64)
+                rows.append(gradient_step(state, *minibatch_losses(state, src, perm[start : start + mb], args), args))
+        table = torch.stack(rows)
+    stats = table.cpu().numpy().astype(np.float64)  # the update's one host read
     if not np.isfinite(stats[:, [0, 1, 6]]).all():
         raise NonFiniteLoss(f"non-finite {'loss' if not np.isfinite(stats[:, :2]).all() else 'gradient norm'} at update {state.update + 1}")
-    out.update({k: float(stats[:, c].mean()) for c, k in enumerate(STAT_KEYS)})
+    out = {"minibatch_steps": stats.shape[0], **{k: float(stats[:, c].mean()) for c, k in enumerate(STAT_KEYS)}}
     out["ratio_min"], out["ratio_max"] = float(stats[:, 3].min()), float(stats[:, 4].max())
     return out
 
@@ -544,6 +546,8 @@ def validate_args(args: Args) -> None:
         (not math.isfinite(args.action_bound), f"action_bound={args.action_bound}: must be finite (<= 0 disables)"),
         (args.clip_coef <= 0 or args.anneal_steps < 0, f"clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: need > 0, >= 0"),
         (not 0.0 <= args.actor_ema < 1.0, f"actor_ema={args.actor_ema}: must be in [0, 1)"),
+        (args.gae_unroll < 0 or (args.gae_unroll and args.num_steps % args.gae_unroll), f"gae_unroll={args.gae_unroll}: must divide num_steps"),
+        (args.gae_unroll and args.num_envs * args.num_steps // args.gae_unroll % args.num_minibatches, "num_minibatches must divide the unrolls"),
         (args.k1 <= args.k0 and (args.alpha_early, args.alpha_late) != (None, None), f"k1={args.k1}: must be > k0={args.k0}")):
         if bad:
             raise RunError(message)
@@ -565,10 +569,12 @@ def build_state(args: Args, device: torch.device) -> State:
                  copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None)
 
 
+PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a checkpoint holds, with the counters
+
+
 def checkpoint_payload(state: State) -> dict:
-    parts = {k: getattr(state, k) for k in ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")}
-    return {**{k: None if v is None else v.state_dict() for k, v in parts.items()}, "update": state.update, "global_step": state.global_step,
-            "peak": (state.peak_return, state.peak_step, state.peak_update)}
+    return {**{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
+            "update": state.update, "global_step": state.global_step, "peak": (state.peak_return, state.peak_step, state.peak_update)}
 
 
 def load_checkpoint(ckpt, state: State) -> None:
@@ -576,20 +582,17 @@ def load_checkpoint(ckpt, state: State) -> None:
     if not isinstance(ckpt, dict):
         ckpt = torch.load(ckpt, map_location="cpu", weights_only=False)
     state.graph = None
-    for part, key in ((state.actor, "actor"), (state.critic, "critic"), (state.optimizer, "optimizer"), (state.ema, "ema"),
-                      (state.obs_rms, "obs_rms"), (state.ret_rms, "ret_rms")):
-        if part is not None and ckpt.get(key) is not None:
-            part.load_state_dict(ckpt[key])
+    for key in PARTS:
+        if getattr(state, key) is not None and ckpt.get(key) is not None:
+            getattr(state, key).load_state_dict(ckpt[key])
     state.update, state.global_step = int(ckpt["update"]), int(ckpt["global_step"])
     state.peak_return, state.peak_step, state.peak_update = ckpt["peak"]
 
 
 def default_run_name(args: Args) -> str:
-    if args.run_name:
-        return args.run_name
-    name = "alpha_eps" if args.objective == "fpo" else "alpha"
     value = current_alpha(args, 0) if args.alpha_early is None and args.alpha_late is None else f"{args.alpha_early}to{args.alpha_late}"
-    return f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.objective}__{name}{value}__{args.preset}__{args.seed}"
+    name = f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.objective}__{'alpha_eps' if args.objective == 'fpo' else 'alpha'}"
+    return args.run_name or f"{name}{value}__{args.preset}__{args.seed}"
 
 
 TAGS = {k: f"losses/{k}" for k in STAT_KEYS + ("lr", "minibatch_steps")}
@@ -630,23 +633,20 @@ def main(args: Args) -> dict:
             curve[0].append(state.global_step)
             curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
-            print(f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} "
-                  f"peak={state.peak_return:.2f}", flush=True)
+            print(f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak_return:.2f}")
 
         if rf.resuming:
             load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
             rf.truncate_metrics(lambda r: r["update"] <= state.update)
-            for r in rf.read_metrics():
-                if r.get("eval_return") is not None:
-                    curve[0].append(r["global_step"])
-                    curve[1].append(r["eval_return"])
+            evals = [(r["global_step"], r["eval_return"]) for r in rf.read_metrics() if r.get("eval_return") is not None]
+            curve = (list(curve[0]) + [g for g, _ in evals], list(curve[1]) + [v for _, v in evals])
         else:
             row = {"update": 0, "global_step": 0, "alpha": current_alpha(args, 0)}
             do_eval(row)
             rf.log(row, 0, TAGS)
             rf.save_checkpoint(checkpoint_payload(state))
         summary("running")
-        status, reason, need_reset = "finished", "", True
+        status, reason, need_reset = "finished", "", True  # need_reset: restart the environments before the first rollout
         bar = rf.progress(num_updates, state.update)
         while state.update < num_updates:
             if need_reset or state.update % ckpt_every == 0:

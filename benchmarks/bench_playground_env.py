@@ -65,7 +65,7 @@ def timed(fn, steps: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def bench_task(task: str, n: int, steps: int, device: torch.device) -> dict:
+def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -116,6 +116,8 @@ def bench_task(task: str, n: int, steps: int, device: torch.device) -> dict:
 
     row["check_fresh"] = check(False)
     row["check_reused_buffer"] = check(True)
+    if check_only:
+        return row
 
     obs = env.reset(0)
     zeros = torch.zeros(n, env.act_dim, device=device)
@@ -197,6 +199,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=480)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="")
+    p.add_argument("--check-only", action="store_true", help="only the hand-over and replay checks")
     args = p.parse_args()
     device = torch.device(args.device)
     import jax
@@ -208,11 +211,13 @@ def main() -> None:
             "playground": version("playground"), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     rows = []
     for task in args.tasks:
-        rows.append(bench_task(task, args.num_envs, args.steps, device))
+        rows.append(bench_task(task, args.num_envs, args.steps, device, args.check_only))
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if args.check_only:
+        return
     cols = ["env_only", "eager_policy", "graph_policy", "jax_loop", "jax_scan"]
     print(f"\n{meta}\n| task | compile s | " + " | ".join(f"{c} steps/s" for c in cols) + " | hand-over diff |")
     print("|---" * (len(cols) + 3) + "|")

@@ -3,8 +3,9 @@
 The physics runs in JAX on the device the trainer's tensors live on; observations, rewards and
 flags come back to torch, and actions go to JAX, through DLPack: both sides read the same memory,
 nothing is copied to the host. One jitted function does a whole vectorised step (physics, episode
-bookkeeping, auto-reset) and returns its outputs packed in one flat buffer, so a step costs one
-dispatch and two DLPack hand-overs of host work.
+bookkeeping, auto-reset); the simulator state it carries is packed into one flat array per dtype
+and its outputs into one flat buffer, so a step costs one dispatch of a handful of arrays and two
+DLPack hand-overs of host work.
 
 Episodes follow the official FPO code and brax's training wrappers
 (`mujoco_playground.wrapper.wrap_for_brax_training`, action_repeat 1): an episode is cut after
@@ -17,6 +18,8 @@ JAX, Playground and MJX are imported only when an environment is made (`pip inst
 '.[playground]'`). JAX's memory preallocation is turned off before JAX starts
 (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set), so JAX takes device memory as it needs it and
 leaves the rest to torch; XLA_FLAGS gains --xla_gpu_triton_gemm_any=True, as Playground advises.
+On a GPU, tasks with contacts are not bitwise reproducible (XLA's scatter-adds) unless XLA_FLAGS
+also holds --xla_gpu_deterministic_ops=true.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class PlaygroundVecEnv:
     observation that ended the episode, equal to obs where nothing ended), `episode_return` and
     `episode_length` [N] (of the episode that ended at this step; meaningful where terminated or
     truncated). All outputs are read-only views of JAX's memory, valid until dropped: do not write
-    into them. Nothing in a step waits for the device.
+    into them.
     """
 
     def __init__(self, env_name: str, num_envs: int, seed: int, device: torch.device, episode_length: int = 1000):

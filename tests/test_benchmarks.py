@@ -51,3 +51,13 @@ def test_robot_update_matrix_products_count_the_default_network():
     by_hand = (2 * 2 * (256 * 17 * 64 + 2048 * 6 * 64 + 2048 * 8 * 64 + 256 * 17 * 64)
                + 2 * 3 * (2 * 2048 * 64 * 64 + 2048 * 64 * 6 + 256 * 64 * 64 + 256 * 64))
     assert bench_robot_floor.gemm_flops(shapes) == by_hand
+
+
+def test_robot_blocks_summary_leaves_the_first_block_out():
+    import bench_robot_blocks
+
+    row = bench_robot_blocks.summarise("ours", "AcrobotSwingup", 0, 20.0, [5.0, 1.0, 3.0, 2.0], [4.0, 0.5, 0.7, 0.6])
+    assert row["first_block_s"] == 5.0 and row["block_s_median"] == 2.0 and row["rollout_s_median"] == 0.6
+    assert row["startup_s"] == 9.0 and row["blocks_done"] == 4
+    empty = bench_robot_blocks.summarise("official", "WalkerRun", 124, 3.0, [], [])
+    assert empty["block_s_median"] is None and empty["startup_s"] is None

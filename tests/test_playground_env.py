@@ -49,6 +49,23 @@ def test_unknown_task_lists_close_matches():
     assert "'CartPoleSwingUp'" in msg and "did you mean CartpoleSwingup" in msg and "\n" not in msg
 
 
+def test_state_packer_round_trips_mixed_dtypes():
+    import jax
+    import jax.numpy as jnp
+
+    from fpo_utils.playground_env import _state_packer
+
+    state = {"q": jnp.arange(6.0).reshape(2, 3), "key": jnp.array([[1, 2**32 - 1]], jnp.uint32),
+             "n": (jnp.array([3, -4], jnp.int32), jnp.array([True, False])), "r": jnp.float32(0.5)}
+    pack, unpack = _state_packer(jax, jnp, state)
+    flat = pack(state)
+    assert len(flat) == 4  # one array per dtype: bool, float32, int32, uint32
+    back = unpack(flat)
+    assert jax.tree.structure(back) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+        assert a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+
+
 @pytest.fixture(scope="module")
 def env():
     from fpo_utils.playground_env import PlaygroundVecEnv

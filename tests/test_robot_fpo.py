@@ -354,25 +354,6 @@ def test_action_bound_clamps_stored_actions(tmp_path):
         R.validate_args(replace(args, action_bound=float("nan")))
 
 
-def test_target_kl_stops_the_update_before_the_offending_step(tmp_path):
-    args = tiny_args(tmp_path, learning_rate=1e-2)
-    torch.manual_seed(0)
-    state = R.build_state(args, torch.device("cpu"))
-    R.reset_envs(state, args.seed)
-    batch = R.collect_rollout(state, args)
-    state.envs.close()
-    # The first minibatch sees the rollout's policy (r = 1, KL ~ 0); after one step at a large lr the
-    # next minibatch's approximate KL exceeds a tiny target, so only one step is taken.
-    before = [p.detach().clone() for p in state.actor.parameters()]
-    tight = R.update(state, batch, replace(args, target_kl=1e-12), 1.0)
-    assert tight["minibatch_steps"] == 1 and tight["early_stop_kl"] > 1e-12
-    assert any(not torch.equal(a, b) for a, b in zip(before, state.actor.parameters()))
-    # Now the policy differs from the rollout's: the tiny target stops before any step, 0 runs them all.
-    assert R.update(state, batch, replace(args, target_kl=1e-12), 1.0)["minibatch_steps"] == 0
-    full = R.update(state, batch, replace(args, target_kl=0.0), 1.0)
-    assert full["minibatch_steps"] == args.num_minibatches * args.update_epochs and full["early_stop_kl"] is None
-
-
 def test_anneal_steps_sets_the_lr_horizon(tmp_path):
     batch = 4 * 32
     args = tiny_args(tmp_path, num_updates=4, eval_every=4, total_timesteps=100 * batch, anneal_steps=2 * batch,
@@ -419,11 +400,11 @@ def test_cuda_graph_flag_is_a_no_op_on_cpu(tmp_path):
     assert_same_networks(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
-def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypatch, objective):
+@pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
+def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypatch, objective, gae_unroll):
     # The graph's step (index table, device step counter, statistics table), with each replay
     # run eagerly on the CPU instead of captured, must take exactly the eager loop's steps.
-    args = tiny_args(tmp_path, objective=objective, alpha_eps=0.5, alpha=0.5)
+    args = tiny_args(tmp_path, objective=objective, alpha_eps=0.5, alpha=0.5, gae_unroll=gae_unroll)
     a, b, batch = two_states(args, torch.device("cpu"))
     replays = []
 
@@ -449,9 +430,9 @@ def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the CUDA-graph update with the eager one)")
-@pytest.mark.parametrize("objective", ["fpo", "fpopp"])
-def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective):
-    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5)
+@pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
+def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective, gae_unroll):
+    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5, gae_unroll=gae_unroll)
     dev = torch.device("cuda")
     a, b, batch = two_states(args, dev)
     eager, graphed = replace(args, cuda_graph=False), replace(args, cuda_graph=True)
@@ -493,7 +474,7 @@ def test_presets_resolve_and_args_json_records_every_value(tmp_path):
     assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == ("fpopp", 1e-4, 1e-4, 16, 64)
     assert (fpopp.update_epochs, fpopp.num_minibatches, fpopp.gamma, fpopp.vf_coef, fpopp.max_grad_norm, fpopp.actor_ema) == (16, 4, 0.99, 1.0, 1.0, 0.95)
     # A tiny run from the fpo preset: args.json holds every resolved field, the preset's included.
-    small = dict(env_id="InvertedPendulum-v5", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_draws=2,
+    small = dict(env_id="InvertedPendulum-v5", num_envs=4, num_steps=30, num_minibatches=2, update_epochs=1, num_draws=2,
                  flow_steps=2, actor_hidden=8, critic_hidden=8, eval_every=1, eval_episodes=1, num_updates=1, cuda=False,
                  runs_dir=str(tmp_path))
     summary = R.main(replace(fpo, **small))
@@ -501,7 +482,7 @@ def test_presets_resolve_and_args_json_records_every_value(tmp_path):
     saved = json.loads((folder / "args.json").read_text())
     assert set(saved) == set(R.Args.__dataclass_fields__)
     assert saved["preset"] == "fpo" and saved["reward_scale"] == 10.0 and saved["critic_act"] == "silu"
-    assert saved["critic_layers"] == 5 and summary["status"] == "finished"
+    assert saved["critic_layers"] == 5 and saved["gae_unroll"] == 30 and summary["status"] == "finished"
 
 
 def run_cli(tmp_path, *flags):
@@ -560,3 +541,61 @@ def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, mo
         R.main(replace(part, resume=True, learning_rate=1e-3))
     assert R.main(replace(part, resume=True))["status"] == "finished"
     assert strip_time(read_rows(tmp_path / "b" / "run" / "metrics.jsonl")) == strip_time(ref)
+
+
+def test_nonfinite_run_exits_3_through_the_cli(tmp_path, monkeypatch):
+    from fpo_utils.runfolder import cli
+
+    real = R.fpo_loss
+    monkeypatch.setattr(R, "fpo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), *out[1:]))(real(*a, **k)))
+    argv = ["--env-id", "InvertedPendulum-v5", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+            "--update-epochs", "1", "--num-updates", "2", "--eval-episodes", "1", "--no-cuda", "--runs-dir", str(tmp_path),
+            "--run-name", "nan"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli(R.main, R.Args, R.PRESETS, argv=argv)
+    assert exit_info.value.code == 3
+    rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["update"] for r in rows] == [0, 1] and json.loads(rows[-1])["nonfinite"] is True
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "nonfinite"
+
+
+def test_actor_ema_copies_during_warmup_then_averages(tmp_path):
+    args = tiny_args(tmp_path, objective="fpopp", actor_ema=0.9, ema_warmup=1, num_updates=2, eval_every=1)
+    R.main(args)
+    first = tiny_args(tmp_path / "one", objective="fpopp", actor_ema=0.9, ema_warmup=1, num_updates=1, eval_every=1)
+    R.main(first)
+    c1 = torch.load(tmp_path / "one" / "run" / "checkpoints" / "last.pt", weights_only=False)
+    c2 = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    for k in c1["actor"]:  # update 1 (warm-up): the EMA is the actor; update 2: 0.9 EMA + 0.1 actor
+        torch.testing.assert_close(c1["ema"][k], c1["actor"][k])
+        torch.testing.assert_close(c2["ema"][k], 0.9 * c1["actor"][k] + 0.1 * c2["actor"][k])
+
+
+def test_unrolls_and_unroll_gae_closed_forms():
+    a = torch.arange(8)  # T = 4 steps x n = 2 environments, time-major
+    assert R.unrolls(a, 4, 2).tolist() == [[0, 2], [4, 6], [1, 3], [5, 7]]  # unrolls of one environment each
+    g = 0.9
+    rew, values, boot = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([4.0])
+    disc, none = torch.full((1, 3), g), torch.zeros(1, 3)
+    vs, adv = R.unroll_gae(rew, disc, none, values, boot, 1.0)  # lambda = 1: Monte Carlo returns, bootstrapped
+    mc = torch.tensor([[1 + g * 2 + g**2 * 3 + g**3 * 4, 2 + g * 3 + g**2 * 4, 3 + g * 4]])
+    torch.testing.assert_close(vs, mc)
+    torch.testing.assert_close(adv, mc - values)
+    vs, adv = R.unroll_gae(rew, disc, none, values, boot, 0.0)  # lambda = 0: one-step TD targets
+    td = rew + g * torch.tensor([[-1.0, 2.0, 4.0]])
+    torch.testing.assert_close(vs, td)
+    torch.testing.assert_close(adv, rew + g * torch.tensor([[td[0, 1], td[0, 2], 4.0]]) - values)
+    term = torch.tensor([[g, 0.0, g]])  # terminated at step 1; truncated (time limit) at step 2
+    vs, adv = R.unroll_gae(rew, term, torch.tensor([[0.0, 0.0, 1.0]]), values, boot, 1.0)
+    torch.testing.assert_close(vs, torch.tensor([[1 + g * 2, 2.0, 2.0]]))  # nothing flows back past either
+    torch.testing.assert_close(adv, torch.tensor([[1 + g * 2 - 0.5, 3.0, 0.0]]))
+
+
+def test_gae_unroll_end_to_end_and_resume(tmp_path):
+    args = tiny_args(tmp_path, gae_unroll=8, num_updates=4)  # 4 envs x 32 steps = 16 unrolls of 8, 2 minibatches
+    summary = R.main(args)
+    assert summary["status"] == "finished"
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
+    assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
+    with pytest.raises(RunError, match="gae_unroll"):
+        R.validate_args(replace(args, gae_unroll=5))
