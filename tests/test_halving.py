@@ -222,6 +222,15 @@ def test_without_ray_arms_run_in_this_process(monkeypatch):
         halving._connect(halving.CifarTournament(ray_address="auto"))
 
 
+def test_an_arm_reserves_its_threads():
+    robot = replace(robot_fpo.Args(), torch_threads=1, env_threads=3, cuda=False)
+    assert halving._resources(halving.RobotGrid(), "robot", robot, None) == {"num_cpus": 3.0, "num_gpus": 0.0}
+    assert halving._resources(halving.RobotGrid(threads=4), "robot", robot, None)["num_cpus"] == 4.0
+    assert halving._resources(halving.CifarGrid(), "cifar", cifar_fpo.Args(device="cpu"), None)["num_cpus"] == 1.0
+    spec = halving.CifarGrid(threads=2, cpus_per_arm=6, gpus_per_arm=0.25)
+    assert halving._resources(spec, "cifar", cifar_fpo.Args(), None) == {"num_cpus": 6.0, "num_gpus": 0.25}
+
+
 def test_bad_tournament_settings_raise(tiny_train, tmp_path):
     with pytest.raises(ValueError, match="val-every"):
         halving.run_tournament(halving.CifarTournament(rungs=(3, 6), out_dir=str(tmp_path), train=tiny_train))

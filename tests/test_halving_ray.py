@@ -153,11 +153,12 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
-                    critic_layers=1, eval_every=8, eval_episodes=2, total_timesteps=2048, cuda=False, torch_threads=1)
+                    critic_layers=1, eval_every=8, eval_episodes=2, total_timesteps=2048, cuda=False, torch_threads=1,
+                    env_threads=1)
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
     res = halving.run_grid(spec)
-    assert res["run_info"]["executor"] == "ray" and res["failures"] == []
-    assert len(res["runs"]) == 4 and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
+    assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1
+    assert res["failures"] == [] and len(res["runs"]) == 4 and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
     for r in res["runs"]:
         args = json.loads((Path(r["run"]) / "args.json").read_text())
         assert (args["alpha_eps"], args["seed"]) == (float(r["alpha"]), r["seed"]) and r["trained"] == 16
