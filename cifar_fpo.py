@@ -479,6 +479,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     args, net, device, rule, fast = run.args, run.net, run.device, run.rule, run.paths
     end = args.num_updates if args.until is None else min(args.until, args.num_updates)
     bar = rf.progress(total=end, initial=min(run.k, end))
+    say = bar.write if not bar.disable else lambda line: print(line, flush=True)  # keeps a terminal's bar intact
     while True:
         k = run.k
         if k % args.val_every == 0 and not any(h["update"] == k for h in run.history):
@@ -490,7 +491,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
             if args.save_samples:
                 rf.save_images(images, f"update_{k:05d}")
             if args.verbose:
-                print(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(h['val_reward'] for h in run.history):.4f}", flush=True)
+                say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(h['val_reward'] for h in run.history):.4f}")
             if not math.isfinite(val):
                 run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
                 break
@@ -558,8 +559,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         run.k = k + 1
         bar.update(1)
         if args.verbose:
-            print(f"update {k:4d}  reward {values[0]:.4f}  loss {values[2]:+.5f}  |r-1|max {values[4]:.4f}  "
-                  f"clip {values[5]:.2f}  gnorm {values[8]:.3f}  a_k {plan.scale:.3f}  {metrics['time_s']:.2f}s", flush=True)
+            say(f"update {k:4d}  reward {values[0]:.4f}  loss {values[2]:+.5f}  |r-1|max {values[4]:.4f}  "
+                f"clip {values[5]:.2f}  gnorm {values[8]:.3f}  a_k {plan.scale:.3f}  {metrics['time_s']:.2f}s")
     bar.close()
     if run.status != "nonfinite":
         checkpoint(run, rf)

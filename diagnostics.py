@@ -386,96 +386,72 @@ def cosine_colour(c: float, tau: float = DISPLAY_TAU) -> Tuple[int, int, int]:
     return tuple(int(round((1 - a) * z0 + a * e)) for z0, e in zip(ZERO_RGB, end))
 
 
-def colourbar_ticks(height: int, ticks: Sequence[float] = TICKS, tau: float = DISPLAY_TAU) -> List[Tuple[float, int]]:
-    """(raw cosine, pixel row) of each tick on a colour bar of ``height`` rows (+1 at row 0,
-    -1 at the last row); rows are placed at the display coordinate of the raw value."""
-    return [(float(v), int(round((1 - float(display_transform(v, tau))) / 2 * (height - 1)))) for v in ticks]
+def cosine_cmap(tau: float = DISPLAY_TAU):
+    """The colour map over the display coordinate z in [-1, 1]: `cosine_colour` of the raw cosine at each
+    z, so colours interpolate linearly in z (grey for undefined entries)."""
+    from matplotlib.colors import ListedColormap
+
+    raw = np.sinh(np.linspace(-1.0, 1.0, 513) * np.arcsinh(1.0 / tau)) * tau  # invert the display transform
+    cmap = ListedColormap([np.array(cosine_colour(float(c), tau)) / 255 for c in raw], name="cosine")
+    return cmap.with_extremes(bad=np.array(NAN_RGB) / 255)
 
 
-def _font():
-    from PIL import ImageFont
-
-    return ImageFont.load_default()
-
-
-def render_panel(matrix: np.ndarray, labels: Sequence[str], title: str = "", cell: int = 20, tau: float = DISPLAY_TAU):
-    """One heatmap panel. ``matrix`` and ``labels`` are in storage order (bin 0 = noisiest); the panel
-    shows them reversed, clean at the upper left and noisy at the lower right.
-    Returns (PIL image, layout dict with the grid's origin ``x0, y0``, ``cell`` and display ``order``)."""
-    from PIL import Image, ImageDraw
-
+def draw_panel(ax, matrix: np.ndarray, labels: Sequence[str], title: str = "", tau: float = DISPLAY_TAU):
+    """One heatmap on the matplotlib axes `ax`. ``matrix`` and ``labels`` are in storage order (bin 0 =
+    noisiest); the panel shows them reversed, clean at the upper left and noisy at the lower right.
+    Colour is z(c) (`display_transform`); returns the image (its array holds z in display order)."""
     m = np.asarray(matrix, dtype=np.float64)
     n = m.shape[0]
     if m.shape != (n, n) or len(labels) != n:
         raise ValueError(f"matrix shape {m.shape} and {len(labels)} labels do not match; expected a square n x n matrix")
     order = list(range(n - 1, -1, -1))
-    left, top = 44, 30
-    w, h = left + n * cell + 8, top + n * cell + 30
-    img = Image.new("RGB", (max(w, 8 + 6 * len(title)), h), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    font = _font()
-    for r, bi in enumerate(order):
-        for c, bj in enumerate(order):
-            x, y = left + c * cell, top + r * cell
-            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=cosine_colour(m[bi, bj], tau))
-        draw.text((2, top + r * cell + cell // 2 - 5), str(labels[bi]), fill=(0, 0, 0), font=font)
-        draw.text((left + r * cell + 1, top + n * cell + 3), str(labels[bi]), fill=(0, 0, 0), font=font)
-    draw.rectangle([left - 1, top - 1, left + n * cell, top + n * cell], outline=(0, 0, 0))
-    draw.text((4, 4), title, fill=(0, 0, 0), font=font)
-    draw.text((left, top + n * cell + 16), "clean -> noisy", fill=(90, 90, 90), font=font)
-    return img, {"x0": left, "y0": top, "cell": cell, "order": order}
-
-
-def render_colourbar(height: int = 240, width: int = 16, tau: float = DISPLAY_TAU):
-    """A vertical colour bar over raw cosines [-1, 1] with ticks labelled in raw cosine."""
-    from PIL import Image, ImageDraw
-
-    img = Image.new("RGB", (width + 44, height + 20), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    font = _font()
-    for row in range(height):
-        z = 1 - 2 * row / (height - 1)
-        c = float(np.sinh(z * np.arcsinh(1.0 / tau)) * tau)  # invert the display transform
-        draw.line([(2, 10 + row), (2 + width, 10 + row)], fill=cosine_colour(c, tau))
-    for v, row in colourbar_ticks(height, tau=tau):
-        draw.line([(2 + width, 10 + row), (6 + width, 10 + row)], fill=(0, 0, 0))
-        draw.text((8 + width, 10 + row - 5), f"{v:g}", fill=(0, 0, 0), font=font)
-    return img
+    z = np.ma.masked_invalid(display_transform(np.clip(m[np.ix_(order, order)], -1.0, 1.0), tau))
+    im = ax.imshow(z, cmap=cosine_cmap(tau), vmin=-1.0, vmax=1.0, interpolation="nearest")
+    names = [str(labels[i]) for i in order]
+    ax.set_xticks(range(n), names, fontsize=6, rotation=90)
+    ax.set_yticks(range(n), names, fontsize=6)
+    ax.set_title(title, fontsize=7)
+    ax.set_xlabel("clean -> noisy", fontsize=6)
+    return im
 
 
 def save_atlas(path: Union[str, Path], panels: Sequence[Sequence[Optional[Tuple[np.ndarray, str]]]],
                labels: Sequence[str], row_titles: Sequence[str] = (), col_titles: Sequence[str] = (),
                title: str = "", cell: int = 16, tau: float = DISPLAY_TAU) -> Path:
-    """A grid of panels (rows = profiles, columns = phases or checkpoints) with one colour bar.
-    ``panels[r][c]`` is (matrix, panel title) or None for an empty cell."""
-    from PIL import Image, ImageDraw
+    """A grid of panels (rows = profiles, columns = phases or checkpoints) with one colour bar whose
+    ticks are raw cosines placed at their display coordinate. ``panels[r][c]`` is (matrix, panel
+    title) or None for an empty cell; ``cell`` is the size of one matrix entry in points."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     rows = len(panels)
     cols = max(len(r) for r in panels) if rows else 0
     if rows == 0 or cols == 0:
         raise ValueError("panels is empty; expected at least one (matrix, title) panel")
-    rendered = [[render_panel(p[0], labels, p[1], cell, tau)[0] if p is not None else None for p in row] for row in panels]
-    pw = max(im.width for row in rendered for im in row if im is not None)
-    ph = max(im.height for row in rendered for im in row if im is not None)
-    head, side = (18 if title else 0) + (14 if col_titles else 0), 90 if row_titles else 0
-    bar = render_colourbar(max(120, min(ph, 300)), tau=tau)
-    canvas = Image.new("RGB", (side + cols * pw + bar.width + 8, head + max(rows * ph, bar.height) + 4), (255, 255, 255))
-    draw = ImageDraw.Draw(canvas)
-    font = _font()
+    side = max(2.0, len(labels) * cell / 72 + 0.9)  # inches per panel
+    fig = Figure(figsize=(cols * side + 1.2, rows * side + (0.4 if title else 0.1)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    im = None
+    for r in range(rows):
+        for c in range(cols):
+            ax, panel = axes[r][c], panels[r][c] if c < len(panels[r]) else None
+            if panel is None:
+                ax.axis("off")
+                continue
+            head = f"{col_titles[c]}\n" if r == 0 and c < len(col_titles) else ""
+            im = draw_panel(ax, panel[0], labels, head + panel[1], tau)
+            if c == 0 and r < len(row_titles):
+                ax.set_ylabel(str(row_titles[r]), fontsize=7)
+    ticks = [float(v) for v in TICKS]
+    bar = fig.colorbar(im, ax=axes, ticks=display_transform(ticks, tau), fraction=0.04, pad=0.02)
+    bar.ax.set_yticklabels([f"{v:g}" for v in ticks], fontsize=6)
+    bar.set_label("raw cosine (colour: asinh scale)", fontsize=6)
     if title:
-        draw.text((4, 2), title, fill=(0, 0, 0), font=font)
-    for c, name in enumerate(col_titles):
-        draw.text((side + c * pw + 40, head - 13), str(name), fill=(0, 0, 0), font=font)
-    for r, row in enumerate(rendered):
-        if r < len(row_titles):
-            draw.text((4, head + r * ph + ph // 2), str(row_titles[r]), fill=(0, 0, 0), font=font)
-        for c, im in enumerate(row):
-            if im is not None:
-                canvas.paste(im, (side + c * pw, head + r * ph))
-    canvas.paste(bar, (side + cols * pw + 4, head))
+        fig.suptitle(title, fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    fig.savefig(path, format="png")
     return path
 
 

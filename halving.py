@@ -207,7 +207,8 @@ class Sweep:
     train on a GPU and the cluster has GPUs, else 0."""
     cpus_per_arm: Optional[float] = None
     """CPUs an arm reserves (Ray's num_cpus), so that arms do not oversubscribe a node. Default: the
-    arm's torch threads (at least 1); count a robot arm's environment threads too."""
+    arm's torch threads (at least 1); for robots the larger of those and --train.env-threads (set the
+    latter: its default 0 gives every arm one envpool thread per core of the node)."""
     threads: int = 0
     """torch intra-op threads per arm (0: leave the trainer's default; fix it for results that do not
     depend on where an arm ran)."""
@@ -389,6 +390,8 @@ def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
     cpus = spec.cpus_per_arm
     if cpus is None:
         cpus = float(max(1, spec.threads or (base.torch_threads if trainer == "robot" else 1)))
+        if trainer == "robot":  # envpool steps on its own threads while the arm's torch threads wait
+            cpus = max(cpus, float(base.env_threads))
     if ray is not None:
         have = ray.cluster_resources()
         if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0):

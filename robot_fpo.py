@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend
-from fpo_utils.fast import GraphedStep, NumpySampler
+from fpo_utils.fast import GraphedSampler, GraphedStep, NumpySampler
 from fpo_utils.runfolder import RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
@@ -60,7 +60,7 @@ class Args:
     resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
     track: bool = False  # also send the scalars to Weights & Biases
     cuda: bool = True  # use the GPU for the networks when one is present
-    cuda_graph: bool = True  # on CUDA, replay the update's minibatch step as one captured graph (ignored on CPU)
+    cuda_graph: bool = True  # on CUDA, replay the rollout's sampler and the update's minibatch step as captured graphs
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -323,7 +323,7 @@ class State:
     obs_rms: RunningMeanStd | None
     ret_rms: RunningMeanStd | None
     device: torch.device
-    sampler: object  # (obs, x0, steps) -> x: NumpySampler on CPU, the actor's own sampler on GPU
+    sampler: object  # (obs, x0, steps) -> x: NumpySampler on CPU, GraphedSampler (or actor.sample) on GPU
     ema: FlowActor | None = None
     next_obs: torch.Tensor | None = None
     ret_acc: torch.Tensor | None = None
@@ -565,7 +565,7 @@ def build_state(args: Args, device: torch.device) -> State:
     return State(envs, actor, critic, optimizer,
                  RunningMeanStd((envs.obs_dim,), device) if args.norm_obs else None,
                  RunningMeanStd((), device) if args.norm_reward else None, device,
-                 actor.sample if device.type == "cuda" else NumpySampler(actor),
+                 (GraphedSampler(actor) if args.cuda_graph else actor.sample) if device.type == "cuda" else NumpySampler(actor),
                  copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None)
 
 

@@ -21,6 +21,8 @@ auto-reset in the same step), reward float32 [N], terminated / truncated bool [N
 with float32 tensors ``final_obs`` [N, obs_dim] (the observation that ended the episode, equal to
 obs where nothing ended), ``episode_return`` and ``episode_length`` [N] (of the episode that ended
 at this step; meaningful where terminated or truncated).
+
+``RunningMeanStd`` keeps the running observation / return statistics the trainer normalises with.
 """
 
 from __future__ import annotations

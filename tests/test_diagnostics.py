@@ -166,20 +166,27 @@ def test_colours_at_minus_one_zero_plus_one_and_ticks():
     # +.1 sits at z = .294 of the way from white to red
     a = math.asinh(1) / math.asinh(10)
     assert D.cosine_colour(0.1) == tuple(int(round((1 - a) * 255 + a * p)) for p in D.POS_RGB)
-    ticks = dict(D.colourbar_ticks(201))
-    assert ticks[1.0] == 0 and ticks[-1.0] == 200 and ticks[0.0] == 100
-    assert ticks[0.1] == round((1 - a) / 2 * 200)
-    assert sorted(ticks) == sorted(D.TICKS)
+    # the colour map is the same colours over the display coordinate z
+    cmap = D.cosine_cmap()
+    for c in (-1.0, -0.1, 0.0, 0.1, 0.3, 1.0):
+        got = tuple(int(round(255 * v)) for v in cmap((float(D.display_transform(c)) + 1) / 2)[:3])
+        assert max(abs(g - e) for g, e in zip(got, D.cosine_colour(c))) <= 2, c
 
 
-def test_panel_places_clean_upper_left_and_noisy_lower_right():
+def test_panel_places_clean_upper_left_and_noisy_lower_right(tmp_path):
+    from matplotlib.figure import Figure
+
     m = np.zeros((4, 4))
-    m[3, 3], m[0, 0] = 1.0, -1.0  # bin 3 is the cleanest, bin 0 the noisiest
-    img, lay = D.render_panel(m, D.cifar_labels(4), "t", cell=10)
-    x0, y0, c = lay["x0"], lay["y0"], lay["cell"]
-    assert img.getpixel((x0 + c // 2, y0 + c // 2)) == D.POS_RGB
-    assert img.getpixel((x0 + 3 * c + c // 2, y0 + 3 * c + c // 2)) == D.NEG_RGB
-    assert img.getpixel((x0 + c + c // 2, y0 + c // 2)) == (255, 255, 255)
+    m[3, 3], m[0, 0], m[3, 2] = 1.0, -1.0, float("nan")  # bin 3 is the cleanest, bin 0 the noisiest
+    ax = Figure().subplots()
+    im = D.draw_panel(ax, m, D.cifar_labels(4), "t")
+    z = im.get_array()
+    assert z[0, 0] == 1.0 and z[3, 3] == -1.0 and z[0, 1] is np.ma.masked and z[1, 0] == 0.0
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["b3", "b2", "b1", "b0"]
+    assert im.origin == "upper" and (im.norm.vmin, im.norm.vmax) == (-1.0, 1.0)
+    # a saved atlas with an empty cell and its colour bar labelled in raw cosines
+    out = D.save_atlas(tmp_path / "a.png", [[(m, "x"), None]], D.cifar_labels(4), ["alpha=1"], ["k=0", "k=1"], title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from jsonl_records import read_jsonl  # noqa: E402
 from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 RUNGS = (2, 4, 8)
+# robot arms need robot_fpo.py on the shared run folder (runs_dir, checkpoints/last.pt, env_threads)
+robot_run_folder = pytest.mark.skipif(not hasattr(robot_fpo.Args, "env_threads"),
+                                      reason="robot_fpo.py does not write the shared run folder yet")
 WORKER_ENV = {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}}
 
 
@@ -150,14 +153,16 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
     assert res["status"] == "finished" and res["arms"]["-1"]["replicates"][0]["trained"] == 4
 
 
+@robot_run_folder
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
-                    critic_layers=1, eval_every=8, eval_episodes=2, total_timesteps=2048, cuda=False, torch_threads=1)
+                    critic_layers=1, eval_every=8, eval_episodes=2, total_timesteps=2048, cuda=False, torch_threads=1,
+                    env_threads=1)
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
     res = halving.run_grid(spec)
-    assert res["run_info"]["executor"] == "ray" and res["failures"] == []
-    assert len(res["runs"]) == 4 and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
+    assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1
+    assert res["failures"] == [] and len(res["runs"]) == 4 and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
     for r in res["runs"]:
         args = json.loads((Path(r["run"]) / "args.json").read_text())
         assert (args["alpha_eps"], args["seed"]) == (float(r["alpha"]), r["seed"]) and r["trained"] == 16

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import robot_fpo as R  # noqa: E402
 from fpo_utils.envs import make_envs  # noqa: E402
-from fpo_utils.fast import GraphedStep, NumpySampler  # noqa: E402
+from fpo_utils.fast import GraphedSampler, GraphedStep, NumpySampler  # noqa: E402
 from fpo_utils.runfolder import RunError, read_jsonl  # noqa: E402
 
 GRID = np.arange(1, 11) / 10.0
@@ -599,3 +599,17 @@ def test_gae_unroll_end_to_end_and_resume(tmp_path):
     assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
     with pytest.raises(RunError, match="gae_unroll"):
         R.validate_args(replace(args, gae_unroll=5))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured sampler with the eager one)")
+def test_graphed_sampler_matches_eager_sampler_on_gpu():
+    torch.manual_seed(0)
+    actor = R.FlowActor(5, 2, 16, 2, 8, 0.25).cuda()
+    sampler = GraphedSampler(actor)
+    for k in range(3):
+        obs, x0 = torch.randn(7, 5, device="cuda"), torch.randn(7, 2, device="cuda")
+        torch.testing.assert_close(sampler(obs, x0, 4), actor.sample(obs, x0, 4), rtol=0, atol=0)
+        with torch.no_grad():  # parameters change in place (as an optimiser step does): no recapture needed
+            for p in actor.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+    assert sampler.key == ((7, 5), (7, 2), 4, obs.device)
