@@ -15,7 +15,7 @@ ratios (a shared machine's speed drifts between runs). Target (issue: CPU path):
 of environment-only on 16 cores. Settings come from a robot_fpo.py preset plus the overrides below.
 Examples (pin cores with taskset to measure a given count)::
 
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id HalfCheetah-v5 --num-envs 1024 --cuda
+    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id HalfCheetah-v5 --num-envs 2048 --cuda   # target: ratio >= 0.70
     taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id CartpoleSwingup-v1 --num-envs 2048 --cuda
     taskset -c 0,1 python benchmarks/bench_robot_sps.py --env-id InvertedPendulum-v5 --num-envs 16
 """
