@@ -115,7 +115,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
-from fpo_utils.runfolder import CHECKPOINT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, read_jsonl
+from fpo_utils.runfolder import CHECKPOINT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, flag_values, read_jsonl
 
 ROOT = Path(__file__).resolve().parent
 CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
@@ -1174,11 +1174,27 @@ def run_replay(cli: ReplayArgs) -> Dict[str, Any]:
     return results
 
 
+def _parse_with_preset(cls, argv: List[str]):
+    """`--train.preset NAME` picks the trainer's named defaults for every arm (flags given after it
+    override), as `--preset` does for the trainer itself."""
+    names = flag_values(argv, "train.preset")
+    trainer = cifar_fpo if cls in (CifarTournament, CifarGrid) else robot_fpo
+    if names[-1] not in trainer.PRESETS:
+        raise RunError(f"--train.preset {names[-1]!r} is not one of {', '.join(trainer.PRESETS)}")
+    train = trainer.PRESETS[names[-1]]
+    if cls is CifarTournament:
+        train = replace(train, estimator="q+Z", early_stop=False)  # app:halving, as _cifar_defaults
+    return tyro.cli(cls, default=replace(cls(), train=train), args=argv)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Any:
-    cmd = tyro.extras.subcommand_cli_from_dict(
-        {"cifar": CifarTournament, "robot": RobotTournament, "cifar-grid": CifarGrid, "robot-grid": RobotGrid,
-         "replay": ReplayArgs, "curves": CurvesArgs},
-        description=__doc__.split("\n\n")[0], args=argv)
+    commands = {"cifar": CifarTournament, "robot": RobotTournament, "cifar-grid": CifarGrid, "robot-grid": RobotGrid,
+                "replay": ReplayArgs, "curves": CurvesArgs}
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("cifar", "robot", "cifar-grid", "robot-grid") and flag_values(argv[1:], "train.preset"):
+        cmd = _parse_with_preset(commands[argv[0]], argv[1:])
+    else:
+        cmd = tyro.extras.subcommand_cli_from_dict(commands, description=__doc__.split("\n\n")[0], args=argv)
     if isinstance(cmd, (CifarTournament, RobotTournament)):
         result = run_tournament(cmd)
         print_tournament(result)

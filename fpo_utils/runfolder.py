@@ -367,7 +367,7 @@ def exit_code(status: Optional[str]) -> int:
     return STATUS_EXIT.get(status or "finished", EXIT_OK)
 
 
-def _flag_values(argv: list[str], name: str) -> list[str]:
+def flag_values(argv: list[str], name: str) -> list[str]:
     """Values given to --name (either spelling, `--flag v` or `--flag=v`) in argv."""
     flags = {"--" + name.replace("_", "-"), "--" + name}
     out = []
@@ -398,7 +398,7 @@ def check_choices(args_type: type, argv: list[str]) -> None:
         if choices is None:
             continue
         allowed = [str(c) for c in choices]
-        for value in _flag_values(argv, name):
+        for value in flag_values(argv, name):
             if value not in allowed and not (value == "None" and type(None) in typing.get_args(tp)):
                 raise RunError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
 
@@ -414,7 +414,7 @@ def cli(main: Callable[[Any], Any], args_type: type, presets: Optional[Mapping[s
     try:
         default = None
         if presets:
-            names = _flag_values(argv, "preset")
+            names = flag_values(argv, "preset")
             name = names[-1] if names else getattr(args_type, "preset", next(iter(presets)))
             if name not in presets:
                 raise RunError(f"--preset {name!r} is not one of {', '.join(presets)}")

@@ -5,9 +5,12 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
 ROBOT_TINY = ["--env-id", "InvertedPendulum-v5", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
@@ -81,3 +84,20 @@ def test_unwritable_output_directory_is_one_line_and_exit_5(tmp_path, trainer):
                                "--device", "cpu", "--runs-dir", str(blocker / "runs")],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 5 and str(blocker) in one_line(proc)
+
+
+def test_sweeps_take_the_trainers_presets(monkeypatch):
+    import cifar_fpo
+    import halving
+    import robot_fpo
+
+    parsed = []
+    monkeypatch.setattr(halving, "run_grid", lambda cmd: parsed.append(cmd) or {})
+    monkeypatch.setattr(halving, "print_grid", lambda result: None)
+    halving.main(["cifar-grid", "--train.preset", "quick", "--train.batch-size", "4"])
+    halving.main(["robot-grid", "--train.preset", "fpo", "--train.seed", "5"])
+    quick, fpo = parsed[0].train, parsed[1].train
+    assert quick == replace(cifar_fpo.PRESETS["quick"], batch_size=4)
+    assert fpo == replace(robot_fpo.PRESETS["fpo"], seed=5)
+    with pytest.raises(Exception, match="--train.preset 'huge' is not one of"):
+        halving.main(["cifar", "--train.preset", "huge"])
