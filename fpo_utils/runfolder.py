@@ -431,4 +431,10 @@ def cli(main: Callable[[Any], Any], args_type: type, presets: Optional[Mapping[s
     except KeyboardInterrupt:
         print("error: interrupted; continue with --resume", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    sys.exit(exit_code(summary.get("status") if isinstance(summary, Mapping) else None))
+    status = summary.get("status") if isinstance(summary, Mapping) else None
+    code = exit_code(status)
+    if code != EXIT_OK:
+        what = {"nonfinite": "the run went non-finite; its last good checkpoint is kept",
+                "interrupted": "interrupted; continue with --resume"}[status]
+        print(f"error: {what} ({summary.get('stop_reason') or status})", file=sys.stderr)
+    sys.exit(code)
