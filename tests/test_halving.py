@@ -26,9 +26,6 @@ from jsonl_records import read_jsonl, strip_times  # noqa: E402
 from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 RUNGS = (2, 4, 8)
-# robot arms need robot_fpo.py on the shared run folder (runs_dir, checkpoints/last.pt, env_threads)
-robot_run_folder = pytest.mark.skipif(not hasattr(robot_fpo.Args, "env_threads"),
-                                      reason="robot_fpo.py does not write the shared run folder yet")
 
 
 def run_cli(args, cwd, check=True):
@@ -225,7 +222,6 @@ def test_without_ray_arms_run_in_this_process(monkeypatch):
         halving._connect(halving.CifarTournament(ray_address="auto"))
 
 
-@robot_run_folder
 def test_an_arm_reserves_its_threads():
     robot = replace(robot_fpo.Args(), torch_threads=1, env_threads=3, cuda=False)
     assert halving._resources(halving.RobotGrid(), "robot", robot, None) == {"num_cpus": 3.0, "num_gpus": 0.0}
@@ -249,7 +245,6 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-@robot_run_folder
 def test_robot_tournament(tmp_path):
     train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,

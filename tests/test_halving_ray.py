@@ -28,24 +28,11 @@ import halving  # noqa: E402
 import robot_fpo  # noqa: E402
 
 from jsonl_records import read_jsonl  # noqa: E402
-from test_cifar_fpo import TINY_UNET  # noqa: E402
+from test_halving import tiny_train  # noqa: E402,F401  (the tiny U-Net arms of the in-process tests)
 
 RUNGS = (2, 4, 8)
 # robot arms need robot_fpo.py on the shared run folder (runs_dir, checkpoints/last.pt, env_threads)
-robot_run_folder = pytest.mark.skipif(not hasattr(robot_fpo.Args, "env_threads"),
-                                      reason="robot_fpo.py does not write the shared run folder yet")
 WORKER_ENV = {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}}
-
-
-@pytest.fixture(scope="module")
-def tiny_train(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_unet")
-    torch.manual_seed(0)
-    cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(TINY_UNET), folder, dtype=torch.float32)
-    return cifar_fpo.Args(model=str(folder), preset="quick", reward="red-patch", device="cpu", batch_size=4,
-                          group_size=2, mc_draws=2, sample_steps=2, val_every=2, val_banks=1, val_bank_size=4,
-                          calib_bank_size=8, fit_batch_size=4, learning_rate=1e-3, verbose=False,
-                          save_samples=False, estimator="q+Z", early_stop=False)
 
 
 def tournament(train, out_dir, **kw):
@@ -153,7 +140,6 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
     assert res["status"] == "finished" and res["arms"]["-1"]["replicates"][0]["trained"] == 4
 
 
-@robot_run_folder
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
