@@ -16,7 +16,6 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, get_args, get_origin, get_type_hints
 
 import numpy as np
@@ -24,7 +23,6 @@ import torch
 
 from fpo_utils import cifar_fast
 from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision, to_device  # noqa: F401
-from fpo_utils import runfolder
 from fpo_utils.runfolder import RunFolder, cli
 from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are this module's public API too)
     CONVENTIONS,
@@ -565,11 +563,6 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     if run.status != "nonfinite":
         checkpoint(run, rf)
     return summary(run, rf)
-
-
-def atomic_write_text(text: str, path) -> None:
-    """Write a text file atomically (kept for halving.py; new code: fpo_utils.runfolder.atomic_write_text)."""
-    runfolder.atomic_write_text(Path(path), text)
 
 
 def main(args: Args) -> Dict[str, Any]:

@@ -50,6 +50,7 @@ import tyro
 
 import cifar_fpo
 from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision
+from fpo_utils.runfolder import strict
 from fpo_utils.runfolder import RunError
 from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images, velocity_losses
 from rewards import make_reward
@@ -468,25 +469,11 @@ def cifar_labels(n_bins: int) -> List[str]:
 # ---------------------------------------------------------------------------------------------
 # Result files: .npz (matrices) + .json (scalars, metadata) next to the PNGs
 # ---------------------------------------------------------------------------------------------
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(float(obj)) else None
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    return obj
-
-
 def write_result(out: Path, name: str, arrays: Dict[str, np.ndarray], info: Dict[str, Any]) -> Tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     npz, js = out / f"{name}.npz", out / f"{name}.json"
     np.savez_compressed(npz, **{k: np.asarray(v) for k, v in arrays.items()})
-    js.write_text(json.dumps(_jsonable(info), indent=2) + "\n")
+    js.write_text(json.dumps(strict(info), indent=2) + "\n")
     return npz, js
 
 
