@@ -1,0 +1,263 @@
+"""Tables and PNGs of a robot study run by benchmarks/robot_study.sh (our run folders in DIR/runs,
+the official FPO runner's JSONs in DIR/peer, logs in DIR/logs).
+
+    python benchmarks/plot_robot_study.py DIR [--out benchmarks/robot_results/study]
+
+Each run's alpha, seed, task, objective and backend come from its args.json. A block is 983,040
+environment steps (app:robotics): block = global_step / block_size (one update at the fpo preset).
+Writes to --out:
+- vs_official_TASK.png: the official evaluation curve beside our alpha_eps = 1 FPO runs;
+- alpha_study_TASK.png: per alpha_eps the mean curve over seeds (evaluation points every seed has),
+  each run thin, mean peak +- std and the paper's 244-block number in the legend;
+- fpopp_ENV.png (FPO++ runs, x = update), envpool_ENV.png (envpool FPO runs, x = block);
+- study.json, study.md: per (task, objective, backend) the runs (updates done / asked, status,
+  peak (eq:peak) and its block, final evaluation, divergence events), per alpha the mean +- std of
+  the peaks (numpy's std, ddof 0) over seeds, and the official runs (peak, median s per block).
+A missing or partial file is skipped with a printed note; unfinished runs are kept, marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+BLOCK = 983_040  # environment steps per training block (app:robotics)
+# Figure robotics / fig:robotics-dynamic: final return of fixed-alpha_eps FPO, 244-block cohort
+PAPER = {"AcrobotSwingup": {1.0: 163.6, 0.25: 184.5, 0.5: 193.5}, "WalkerRun": {1.0: 713.3, 0.5: 760.2}}
+PAPER_BLOCKS = 244
+NOTES: list[str] = []
+
+
+def note(msg: str) -> None:
+    NOTES.append(msg)
+    print("note:", msg)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        note(f"skipped {path}: {type(err).__name__}")
+        return None
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        note(f"{path} missing")
+        return rows
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            note(f"{path}: line {i + 1} unreadable, skipped")  # e.g. a row cut by the stop
+    return rows
+
+
+def fnum(x) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def load_run(folder: Path) -> dict | None:
+    args = read_json(folder / "args.json")
+    if args is None:
+        return None
+    summary = read_json(folder / "summary.json") if (folder / "summary.json").exists() else None
+    rows = [r for r in read_rows(folder / "metrics.jsonl") if isinstance(r.get("update"), int)]
+    objective = args.get("objective", "fpo")
+    backend = args.get("backend", "auto")
+    if backend == "auto" and folder.name.startswith("envpool_"):
+        backend = "envpool"
+    early, late = args.get("alpha_early"), args.get("alpha_late")
+    alpha = f"{early}->{late}" if early is not None else float(args["alpha_eps" if objective == "fpo" else "alpha"])
+    bs = args.get("block_size") or BLOCK
+    batch = args.get("num_envs", 1) * args.get("num_steps", 1)
+    asked = args.get("num_updates") or max(1, args.get("total_timesteps", 0) // batch)
+    evals = [(r["update"], r.get("global_step", r["update"] * batch) / bs, float(r["eval_return"]))
+             for r in rows if isinstance(r.get("eval_return"), (int, float)) and math.isfinite(r["eval_return"])]
+    events = [f"nonfinite at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
+              for r in rows if r.get("nonfinite")]
+    done = max([r["update"] for r in rows if not r.get("nonfinite")], default=0)
+    status = "no summary"
+    if summary is not None:
+        status, done = summary.get("status", "?"), summary.get("updates_done", done)
+        if status == "nonfinite" and not events:
+            events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
+    peak = max(evals, key=lambda e: e[2]) if evals else None
+    return {"run": folder.name, "task": args.get("env_id", "?"), "objective": objective, "backend": backend,
+            "alpha": alpha, "seed": args.get("seed"), "updates_done": done, "updates_asked": asked, "status": status,
+            "blocks_asked": asked * batch / bs, "evals": [{"update": u, "block": b, "return": v} for u, b, v in evals],
+            "peak": peak[2] if peak else None, "peak_block": peak[1] if peak else None,
+            "final_eval": evals[-1][2] if evals else None, "events": events}
+
+
+def load_official(d: Path) -> list[dict]:
+    """Official runs: DIR/peer/fpo_peer_TASK_sSEED.json, else the evaluations printed in
+    DIR/logs/official_TASK_sSEED.log (a run that has not finished)."""
+    out, seen = [], set()
+    for p in sorted((d / "peer").glob("fpo_peer_*_s*.json")):
+        j = read_json(p)
+        if j is None:
+            continue
+        task, seed = p.stem[len("fpo_peer_"):].rsplit("_s", 1)
+        blocks = len(j.get("iters", []))
+        pts = ([(0, j["eval0"])] if "eval0" in j else []) + [(e["block"], e["reward"]) for e in j.get("evals", [])]
+        pts = sorted(pts + ([(blocks, j["eval_end"])] if "eval_end" in j else []))
+        totals = [it["total_s"] for it in j.get("iters", [])[1:]]
+        out.append({"task": task, "seed": int(seed), "run": p.name, "status": "finished", "blocks": blocks,
+                    "points": pts, "s_per_block": float(np.median(totals)) if totals else None})
+        seen.add((task, int(seed)))
+    for p in sorted((d / "logs").glob("official_*_s*.log")):
+        task, seed = p.stem[len("official_"):].rsplit("_s", 1)
+        if not seed.isdigit() or (task, int(seed)) in seen:
+            continue
+        pts = []
+        for line in p.read_text(errors="replace").splitlines():
+            if line.startswith("eval {"):
+                try:
+                    e = ast.literal_eval(line[5:])
+                    pts.append((e["block"], e["reward"]))
+                except (ValueError, SyntaxError, KeyError):
+                    note(f"{p}: unreadable line {line[:60]!r}")
+        note(f"official {task} seed {seed}: no JSON, {len(pts)} evaluations from its log (unfinished)")
+        out.append({"task": task, "seed": int(seed), "run": p.name, "status": "unfinished (log)",
+                    "blocks": max([b for b, _ in pts], default=0), "points": pts, "s_per_block": None})
+    for o in out:
+        best = max(o["points"], key=lambda p: p[1]) if o["points"] else None
+        o.update(peak=best[1] if best else None, peak_block=best[0] if best else None,
+                 final_eval=o["points"][-1][1] if o["points"] else None)
+    return out
+
+
+def mean_curve(runs: list[dict], key: str) -> tuple[list, list]:
+    """Mean over runs at the evaluation points every run has."""
+    common = set.intersection(*[{e[key] for e in r["evals"]} for r in runs]) if runs else set()
+    xs = sorted(common)
+    return xs, [float(np.mean([next(e["return"] for e in r["evals"] if e[key] == x) for r in runs])) for x in xs]
+
+
+def by_alpha(runs: list[dict], task: str, objective: str) -> list[dict]:
+    groups = defaultdict(list)
+    for r in runs:
+        groups[r["alpha"]].append(r)
+    out = []
+    for a in sorted(groups, key=lambda a: (isinstance(a, str), 0.0 if isinstance(a, str) else a, str(a))):
+        peaks = [r["peak"] for r in groups[a] if r["peak"] is not None]
+        paper = PAPER.get(task, {}).get(a) if objective == "fpo" else None
+        out.append({"alpha": a, "n": len(peaks), "peak_mean": float(np.mean(peaks)) if peaks else None,
+                    "peak_std": float(np.std(peaks)) if peaks else None, "paper": paper, "runs": groups[a]})
+    return out
+
+
+def plot(path: Path, title: str, xlabel: str, lines: list[tuple]) -> None:
+    """lines: (xs, ys, style dict)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for xs, ys, kw in lines:
+        ax.plot(xs, ys, **kw)
+    ax.set(xlabel=xlabel, ylabel="evaluation return", title=title)
+    if any("label" in kw for *_, kw in lines):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote", path)
+
+
+def xy(run: dict, key: str) -> tuple[list, list]:
+    return [e[key] for e in run["evals"]], [e["return"] for e in run["evals"]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", type=Path)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "robot_results" / "study")
+    a = p.parse_args()
+    if not (a.dir / "runs").is_dir() and not (a.dir / "peer").is_dir():
+        raise SystemExit(f"error: {a.dir} holds neither runs/ nor peer/ (give the study's DIR)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    runs = [r for f in sorted((a.dir / "runs").glob("*")) if f.is_dir() for r in [load_run(f)] if r is not None]
+    official = load_official(a.dir)
+    groups = defaultdict(list)
+    for r in runs:
+        groups[(r["task"], r["objective"], r["backend"])].append(r)
+    for o in official:
+        groups.setdefault((o["task"], "fpo", "playground"), [])
+    out = {"dir": str(a.dir), "groups": [], "notes": NOTES}
+    md = [f"# Robot study: {a.dir}", ""]
+    for (task, obj, backend), rs in sorted(groups.items()):
+        offs = [o for o in official if o["task"] == task] if (obj, backend) == ("fpo", "playground") else []
+        budget = max([r["blocks_asked"] for r in rs] + [o["blocks"] for o in offs], default=0)
+        alphas = by_alpha(rs, task, obj)
+        g = {"task": task, "objective": obj, "backend": backend, "block_budget": budget,
+             "runs": [{k: v for k, v in r.items() if k != "evals"} for r in rs],
+             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
+             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs]}
+        out["groups"].append(g)
+        md += [f"## {task}, {obj}, {backend}", "",
+               "| run | alpha | seed | updates done / asked | status | peak | peak block | final eval | events |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['run']} | {r['alpha']} | {r['seed']} | {r['updates_done']} / {r['updates_asked']} | {r['status']} "
+               f"| {fnum(r['peak'])} | {fnum(r['peak_block'])} | {fnum(r['final_eval'])} | {'; '.join(r['events']) or '-'} |"
+               for r in rs]
+        md += [f"| official {o['run']} | 1.0 | {o['seed']} | {'' if o['s_per_block'] else '>= '}{o['blocks']} blocks "
+               f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "
+               f"| {'median %.3g s/block' % o['s_per_block'] if o['s_per_block'] else '-'} |" for o in offs]
+        md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"]
+        md += [f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |" for s in alphas]
+        if any(s["paper"] is not None for s in alphas):
+            md += ["", f"paper: {PAPER_BLOCKS}-block cohort; here: {fnum(budget)} blocks"]
+        md.append("")
+
+        if obj == "fpopp":
+            lines = [(*xy(r, "update"), {"marker": "o", "color": f"C{i}", "label": f"alpha {s['alpha']}, seed {r['seed']}"})
+                     for i, s in enumerate(alphas) for r in s["runs"]]
+            plot(a.out / f"fpopp_{task}.png", f"{task}, FPO++ ({backend})", "update", lines)
+        elif backend != "playground":
+            lines = [(*xy(r, "block"), {"marker": "o", "color": f"C{i}", "label": f"alpha_eps {s['alpha']}, seed {r['seed']}"})
+                     for i, s in enumerate(alphas) for r in s["runs"]]
+            plot(a.out / f"{backend}_{task}.png", f"{task}, FPO ({backend})", "block (983,040 steps)", lines)
+        else:
+            lines = []
+            for i, s in enumerate(alphas):
+                c = f"C{i}"
+                lines += [(*xy(r, "block"), {"color": c, "lw": 0.8, "alpha": 0.4}) for r in s["runs"]]
+                paper = f"; paper {s['paper']}" if s["paper"] is not None else ""
+                lines.append((*mean_curve(s["runs"], "block"), {"color": c, "lw": 2.5, "marker": "o", "ms": 3, "label":
+                              f"alpha_eps {s['alpha']}: peak {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} (n={s['n']}){paper}"}))
+            plot(a.out / f"alpha_study_{task}.png", f"{task} alpha_eps study, {fnum(budget)} blocks asked "
+                 f"(paper: {PAPER_BLOCKS})", "block (983,040 steps)", lines)
+            if offs:
+                lines = []
+                for o in offs:
+                    lines.append(([b for b, _ in o["points"]], [v for _, v in o["points"]],
+                                  {"marker": "s", "ls": "--", "color": f"C{o['seed'] % 10}", "lw": 2,
+                                   "label": f"official, seed {o['seed']} ({o['status']})"}))
+                seeds = {o["seed"] for o in offs}
+                for r in (r for s in alphas if s["alpha"] == 1.0 for r in s["runs"]):
+                    hi = r["seed"] in seeds
+                    lines.append((*xy(r, "block"), {"marker": "o", "ms": 3, "lw": 2.2 if hi else 0.8, "alpha": 1 if hi else 0.5,
+                                                    "color": f"C{r['seed'] % 10}" if isinstance(r["seed"], int) else None,
+                                                    "label": f"robot_fpo.py, seed {r['seed']} ({r['status']})"}))
+                plot(a.out / f"vs_official_{task}.png", f"{task}, native FPO (alpha_eps 1) beside the official code",
+                     "block (983,040 steps)", lines)
+    if NOTES:
+        md += ["## Notes", ""] + [f"- {n}" for n in NOTES]
+    (a.out / "study.json").write_text(json.dumps(out, indent=1, default=str, allow_nan=False) + "\n")
+    (a.out / "study.md").write_text("\n".join(md) + "\n")
+    print("wrote", a.out / "study.json", a.out / "study.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# A study of many runs as detached queues that outlive the shell that started them, so a machine
+# lent call by call (each call at most a few minutes) can run it: one call starts it, later calls
+# wait a while, print where each run is, and pack what is finished so far.
+#
+#   bash benchmarks/robot_study.sh start DIR PLANFILE   # start one detached worker per queue, return at once
+#   bash benchmarks/robot_study.sh wait DIR SECONDS     # until every queue is done or SECONDS pass; then status
+#   bash benchmarks/robot_study.sh status DIR           # name, state (queued / running / exit N), last update, last eval
+#   bash benchmarks/robot_study.sh collect DIR DEST     # DIR without checkpoints/ and TensorBoard files ->
+#                                                       # DEST/study.tar.gz (parts .00 .01 ... of <= 15 MB if larger)
+#
+# PLANFILE: one run a line, `QUEUE NAME COMMAND...` (# comments and blank lines ignored). Each queue
+# runs its lines in order; a failing line does not stop it. COMMAND runs through `bash -c` from the
+# repository root with RUN_DIR=DIR/runs and PEER_OUT=DIR/peer exported, and CUDA_VISIBLE_DEVICES
+# set to the queue name's digits when it is gpuK (gpu2 -> 2, gpu23 -> 2,3); its output goes to
+# DIR/logs/NAME.log, DIR/started/NAME marks its start and DIR/done/NAME holds its exit code.
+# The analysis: python benchmarks/plot_robot_study.py DIR (it expects run folders named NAME in
+# DIR/runs, the official runner's JSONs in DIR/peer and its logs as logs/official_TASK_sSEED.log).
+set -u
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+root=$(cd "$(dirname "$0")/.." && pwd)
+usage() { echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | collect DIR DEST" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+cmd=$1; dir=$2
+lines() { grep -v '^[[:space:]]*\(#\|$\)' "$dir/plan.txt"; }  # the plan's run lines
+all_done() {  # every queue finished (or its worker is gone)
+  local q
+  for q in $(lines | awk '!seen[$1]++ {print $1}'); do
+    [ -e "$dir/queues/$q.done" ] && continue
+    kill -0 "$(cat "$dir/queues/$q.pid" 2>/dev/null || echo 0)" 2>/dev/null && return 1
+  done
+}
+case $cmd in
+start)
+  [ $# -eq 3 ] && [ -f "$3" ] || { echo "error: plan file ${3:-(none)} not found" >&2; exit 2; }
+  [ -e "$2/plan.txt" ] && { echo "error: $2 already holds a study (plan.txt); pick a new DIR" >&2; exit 2; }
+  mkdir -p "$dir"/{logs,started,done,queues,runs,peer} && dir=$(cd "$dir" && pwd)
+  cp "$3" "$dir/plan.txt"
+  { nvidia-smi -L 2>&1 || true; echo "nproc $(nproc)"; date -u; } >"$dir/machine.txt"
+  for q in $(lines | awk '!seen[$1]++ {print $1}'); do
+    setsid nohup bash "$self" _worker "$dir" "$q" >"$dir/queues/$q.log" 2>&1 </dev/null &
+    echo $! >"$dir/queues/$q.pid"
+    echo "queue $q: worker $!"
+  done ;;
+_worker)  # DIR QUEUE: run the queue's lines in order
+  q=$3
+  lines | while read -r lq name command; do
+    [ "$lq" = "$q" ] || continue
+    date -u >"$dir/started/$name"
+    (
+      cd "$root" || exit 1
+      export RUN_DIR="$dir/runs" PEER_OUT="$dir/peer"
+      if [[ $q =~ ^gpu([0-9]+)$ ]]; then
+        export CUDA_VISIBLE_DEVICES=$(echo "${BASH_REMATCH[1]}" | sed 's/./&,/g; s/,$//')
+      fi
+      exec bash -c "$command"
+    ) >"$dir/logs/$name.log" 2>&1 </dev/null
+    echo $? >"$dir/done/$name"
+  done
+  date -u >"$dir/queues/$q.done" ;;
+wait)
+  end=$((SECONDS + ${3:?SECONDS})); finished=0
+  while [ $SECONDS -lt $end ]; do all_done && { finished=1; break; }; sleep 1; done
+  [ $finished = 1 ] || all_done && echo "all queues done" || echo "still running after $3 s"
+  bash "$self" status "$dir" ;;
+status)
+  lines | while read -r q name _; do
+    if [ -e "$dir/done/$name" ]; then state="exit $(cat "$dir/done/$name")"
+    elif [ -e "$dir/started/$name" ]; then state=running; else state=queued; fi
+    m="$dir/runs/$name/metrics.jsonl"; upd=-; ev=-
+    if [ -s "$m" ]; then
+      upd=$(tail -n 1 "$m" | grep -o '"update": *[0-9]*' | grep -o '[0-9]*$')
+      ev=$(grep '"eval_return"' "$m" | tail -n 1 | grep -o '"eval_return": *[^,}]*' | sed 's/.*: *//')
+    elif [ -e "$dir/logs/$name.log" ]; then  # the official runner prints `eval {'block': B, 'reward': R, ...}`
+      ev=$(grep '^eval {' "$dir/logs/$name.log" | tail -n 1 | sed 's/^eval //')
+    fi
+    printf '%-8s %-40s %-9s update %-5s eval %s\n' "$q" "$name" "$state" "${upd:--}" "${ev:--}"
+  done ;;
+collect)
+  dest=${3:?DEST}; mkdir -p "$dest" && rm -f "$dest"/study.tar.gz "$dest"/study.tar.gz.[0-9]*
+  tar -C "$(dirname "$dir")" --warning=no-file-changed --exclude=checkpoints --exclude='events.out.tfevents*' \
+    --exclude='study.tar.gz*' -czf "$dest/study.tar.gz" "$(basename "$dir")"
+  rc=$?; [ $rc -le 1 ] || { echo "error: tar failed ($rc)" >&2; exit 5; }  # 1: a file changed while read
+  if [ "$(stat -c %s "$dest/study.tar.gz")" -gt 15000000 ]; then
+    split -b 15000000 -d -a 2 "$dest/study.tar.gz" "$dest/study.tar.gz." && rm "$dest/study.tar.gz"
+  fi
+  ls -l "$dest"/study.tar.gz* ;;
+*) usage ;;
+esac
