@@ -14,6 +14,9 @@
 # repository root with RUN_DIR=DIR/runs and PEER_OUT=DIR/peer exported, and CUDA_VISIBLE_DEVICES
 # set to the queue name's digits when it is gpuK (gpu2 -> 2, gpu23 -> 2,3); its output goes to
 # DIR/logs/NAME.log, DIR/started/NAME marks its start and DIR/done/NAME holds its exit code.
+# PYTHONUNBUFFERED=1 and MUJOCO_GL=disable (unless set) are exported too; the rest of the caller's
+# environment passes through. On a machine whose working tree is re-copied call by call, keep DIR
+# outside it (e.g. /tmp/study) and collect into the folder the call hands back.
 # The analysis: python benchmarks/plot_robot_study.py DIR (it expects run folders named NAME in
 # DIR/runs, the official runner's JSONs in DIR/peer and its logs as logs/official_TASK_sSEED.log).
 set -u
@@ -30,6 +33,7 @@ all_done() {  # every queue finished (or its worker is gone)
     kill -0 "$(cat "$dir/queues/$q.pid" 2>/dev/null || echo 0)" 2>/dev/null && return 1
   done
 }
+[ "$cmd" = start ] || [ -f "$dir/plan.txt" ] || { echo "error: $dir holds no study (no plan.txt)" >&2; exit 2; }
 case $cmd in
 start)
   [ $# -eq 3 ] && [ -f "$3" ] || { echo "error: plan file ${3:-(none)} not found" >&2; exit 2; }
@@ -49,7 +53,7 @@ _worker)  # DIR QUEUE: run the queue's lines in order
     date -u >"$dir/started/$name"
     (
       cd "$root" || exit 1
-      export RUN_DIR="$dir/runs" PEER_OUT="$dir/peer"
+      export RUN_DIR="$dir/runs" PEER_OUT="$dir/peer" PYTHONUNBUFFERED=1 MUJOCO_GL=${MUJOCO_GL:-disable}
       if [[ $q =~ ^gpu([0-9]+)$ ]]; then
         export CUDA_VISIBLE_DEVICES=$(echo "${BASH_REMATCH[1]}" | sed 's/./&,/g; s/,$//')
       fi
@@ -81,8 +85,9 @@ collect)
   tar -C "$(dirname "$dir")" --warning=no-file-changed --exclude=checkpoints --exclude='events.out.tfevents*' \
     --exclude='study.tar.gz*' -czf "$dest/study.tar.gz" "$(basename "$dir")"
   rc=$?; [ $rc -le 1 ] || { echo "error: tar failed ($rc)" >&2; exit 5; }  # 1: a file changed while read
-  if [ "$(stat -c %s "$dest/study.tar.gz")" -gt 15000000 ]; then
-    split -b 15000000 -d -a 2 "$dest/study.tar.gz" "$dest/study.tar.gz." && rm "$dest/study.tar.gz"
+  part=${STUDY_PART_BYTES:-15000000}  # join the parts with: cat study.tar.gz.* > study.tar.gz
+  if [ "$(stat -c %s "$dest/study.tar.gz")" -gt "$part" ]; then
+    split -b "$part" -d -a 2 "$dest/study.tar.gz" "$dest/study.tar.gz." && rm "$dest/study.tar.gz"
   fi
   ls -l "$dest"/study.tar.gz* ;;
 *) usage ;;

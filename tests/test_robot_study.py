@@ -61,6 +61,18 @@ def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_p
     assert {"st/plan.txt", "st/machine.txt", "st/logs/first.log", "st/done/slow", "st/runs/after/metrics.jsonl"} <= names
     assert not any("checkpoints" in n or "tfevents" in n for n in names)
 
+    # larger than a part: numbered parts that join into the same archive
+    r = subprocess.run(["bash", str(STUDY), "collect", str(d), str(dest)], capture_output=True, text=True,
+                       env={**os.environ, "STUDY_PART_BYTES": "300"}, timeout=30)
+    assert r.returncode == 0, r.stderr
+    parts = sorted(dest.glob("study.tar.gz.*"))
+    assert len(parts) >= 2 and parts[0].name == "study.tar.gz.00" and not (dest / "study.tar.gz").exists()
+    joined = tmp_path / "joined.tar.gz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    assert all(p.stat().st_size <= 300 for p in parts)
+    with tarfile.open(joined) as tar:
+        assert set(tar.getnames()) == names
+
 
 def write_run(runs: Path, name: str, args: dict, rows: list[dict], summary: dict | None) -> None:
     f = runs / name
