@@ -22,6 +22,7 @@ import argparse
 import ast
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -66,6 +67,19 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def is_finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def strict(x):
+    """``x`` with non-finite numbers as None (study.json is strict JSON)."""
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
 def fnum(x) -> str:
     return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
@@ -81,14 +95,16 @@ def load_run(folder: Path) -> dict | None:
     if backend == "auto" and folder.name.startswith("envpool_"):
         backend = "envpool"
     early, late = args.get("alpha_early"), args.get("alpha_late")
-    alpha = f"{early}->{late}" if early is not None else float(args["alpha_eps" if objective == "fpo" else "alpha"])
+    alpha = f"{early}->{late}" if early is not None else float(args.get("alpha_eps" if objective == "fpo" else "alpha", 1.0))
     bs = args.get("block_size") or BLOCK
     batch = args.get("num_envs", 1) * args.get("num_steps", 1)
     asked = args.get("num_updates") or max(1, args.get("total_timesteps", 0) // batch)
     evals = [(r["update"], r.get("global_step", r["update"] * batch) / bs, float(r["eval_return"]))
-             for r in rows if isinstance(r.get("eval_return"), (int, float)) and math.isfinite(r["eval_return"])]
+             for r in rows if is_finite(r.get("eval_return"))]
     events = [f"nonfinite at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
               for r in rows if r.get("nonfinite")]
+    events += [f"non-finite evaluation at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
+               for r in rows if "eval_return" in r and not is_finite(r["eval_return"])]
     done = max([r["update"] for r in rows if not r.get("nonfinite")], default=0)
     status = "no summary"
     if summary is not None:
@@ -112,12 +128,16 @@ def load_official(d: Path) -> list[dict]:
         if j is None:
             continue
         task, seed = p.stem[len("fpo_peer_"):].rsplit("_s", 1)
-        blocks = len(j.get("iters", []))
-        pts = ([(0, j["eval0"])] if "eval0" in j else []) + [(e["block"], e["reward"]) for e in j.get("evals", [])]
-        pts = sorted(pts + ([(blocks, j["eval_end"])] if "eval_end" in j else []))
-        totals = [it["total_s"] for it in j.get("iters", [])[1:]]
-        out.append({"task": task, "seed": int(seed), "run": p.name, "status": "finished", "blocks": blocks,
-                    "points": pts, "s_per_block": float(np.median(totals)) if totals else None})
+        try:
+            blocks = len(j.get("iters", []))
+            pts = ([(0, j["eval0"])] if "eval0" in j else []) + [(e["block"], e["reward"]) for e in j.get("evals", [])]
+            pts = sorted(pts + ([(blocks, j["eval_end"])] if "eval_end" in j else []), key=lambda p: p[0])
+            totals = [it["total_s"] for it in j.get("iters", [])[1:]]
+            out.append({"task": task, "seed": int(seed), "run": p.name, "status": "finished", "blocks": blocks,
+                        "points": pts, "s_per_block": float(np.median(totals)) if totals else None})
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            note(f"skipped {p}: {type(err).__name__} {err}")
+            continue
         seen.add((task, int(seed)))
     for p in sorted((d / "logs").glob("official_*_s*.log")):
         task, seed = p.stem[len("official_"):].rsplit("_s", 1)
@@ -127,7 +147,7 @@ def load_official(d: Path) -> list[dict]:
         for line in p.read_text(errors="replace").splitlines():
             if line.startswith("eval {"):
                 try:
-                    e = ast.literal_eval(line[5:])
+                    e = ast.literal_eval(re.sub(r"-?\b(nan|inf)\b", "None", line[5:]))
                     pts.append((e["block"], e["reward"]))
                 except (ValueError, SyntaxError, KeyError):
                     note(f"{p}: unreadable line {line[:60]!r}")
@@ -135,9 +155,12 @@ def load_official(d: Path) -> list[dict]:
         out.append({"task": task, "seed": int(seed), "run": p.name, "status": "unfinished (log)",
                     "blocks": max([b for b, _ in pts], default=0), "points": pts, "s_per_block": None})
     for o in out:
+        bad = [b for b, v in o["points"] if not is_finite(v)]
+        o["points"] = [(b, float(v)) for b, v in o["points"] if is_finite(v)]
         best = max(o["points"], key=lambda p: p[1]) if o["points"] else None
         o.update(peak=best[1] if best else None, peak_block=best[0] if best else None,
-                 final_eval=o["points"][-1][1] if o["points"] else None)
+                 final_eval=o["points"][-1][1] if o["points"] else None,
+                 events=[f"non-finite evaluation at block {b}" for b in bad])
     return out
 
 
@@ -187,7 +210,14 @@ def main() -> None:
     if not (a.dir / "runs").is_dir() and not (a.dir / "peer").is_dir():
         raise SystemExit(f"error: {a.dir} holds neither runs/ nor peer/ (give the study's DIR)")
     a.out.mkdir(parents=True, exist_ok=True)
-    runs = [r for f in sorted((a.dir / "runs").glob("*")) if f.is_dir() for r in [load_run(f)] if r is not None]
+    runs = []
+    for f in sorted((a.dir / "runs").glob("*")):
+        try:
+            r = load_run(f) if f.is_dir() else None
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
+            note(f"skipped {f}: {type(err).__name__} {err}")
+            r = None
+        runs += [r] if r is not None else []
     official = load_official(a.dir)
     groups = defaultdict(list)
     for r in runs:
@@ -204,6 +234,8 @@ def main() -> None:
              "runs": [{k: v for k, v in r.items() if k != "evals"} for r in rs],
              "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
              "official": [{k: v for k, v in o.items() if k != "points"} for o in offs]}
+        if any(s["paper"] is not None for s in alphas):
+            g["paper_note"] = f"paper: {PAPER_BLOCKS}-block cohort; here: {fnum(budget)} blocks"
         out["groups"].append(g)
         md += [f"## {task}, {obj}, {backend}", "",
                "| run | alpha | seed | updates done / asked | status | peak | peak block | final eval | events |",
@@ -213,11 +245,12 @@ def main() -> None:
                for r in rs]
         md += [f"| official {o['run']} | 1.0 | {o['seed']} | {'' if o['s_per_block'] else '>= '}{o['blocks']} blocks "
                f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "
-               f"| {'median %.3g s/block' % o['s_per_block'] if o['s_per_block'] else '-'} |" for o in offs]
+               f"| {'; '.join(o['events'] + (['median %.3g s/block' % o['s_per_block']] if o['s_per_block'] else [])) or '-'} |"
+               for o in offs]
         md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"]
         md += [f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |" for s in alphas]
-        if any(s["paper"] is not None for s in alphas):
-            md += ["", f"paper: {PAPER_BLOCKS}-block cohort; here: {fnum(budget)} blocks"]
+        if "paper_note" in g:
+            md += ["", g["paper_note"]]
         md.append("")
 
         if obj == "fpopp":
@@ -254,7 +287,7 @@ def main() -> None:
                      "block (983,040 steps)", lines)
     if NOTES:
         md += ["## Notes", ""] + [f"- {n}" for n in NOTES]
-    (a.out / "study.json").write_text(json.dumps(out, indent=1, default=str, allow_nan=False) + "\n")
+    (a.out / "study.json").write_text(json.dumps(strict(out), indent=1, default=str, allow_nan=False) + "\n")
     (a.out / "study.md").write_text("\n".join(md) + "\n")
     print("wrote", a.out / "study.json", a.out / "study.md")
 

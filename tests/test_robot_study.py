@@ -110,7 +110,8 @@ def synthetic(tmp_path):
     write_run(runs, "AcrobotSwingup_ae1_s1", {**FPO_ARGS, "alpha_eps": 1.0, "seed": 1},
               evals({0: 2.0, 7: 9.0, 14: 6.0, 61: 8.0}), fin)
     write_run(runs, "AcrobotSwingup_ae0.5_s0", {**FPO_ARGS, "alpha_eps": 0.5, "seed": 0},
-              evals({0: 2.0, 7: 10.0, 14: 12.0}), {"status": "interrupted", "updates_done": 14})
+              evals({0: 2.0, 7: 10.0, 14: 12.0}) + [{"update": 15, "global_step": 15 * BLOCK, "eval_return": None}],
+              {"status": "interrupted", "updates_done": 14})  # a non-finite evaluation is logged as null
     # diverged in update 9 after its block-7 evaluation
     rows = evals({0: 2.0, 7: 20.0}) + [{"update": 8, "global_step": 8 * BLOCK, "pg_loss": 0.2},
                                         {"update": 9, "global_step": 9 * BLOCK, "nonfinite": True}]
@@ -124,7 +125,8 @@ def synthetic(tmp_path):
                 "iters": [{"i": i, "rollout_s": 0.2, "total_s": s} for i, s in enumerate(TOTALS)]}
     (d / "peer" / "fpo_peer_AcrobotSwingup_s0.json").write_text(json.dumps(official))
     (d / "logs" / "official_AcrobotSwingup_s1.log").write_text(
-        "{'i': 0}\neval {'block': 6, 'reward': 3.25, 's': 1.0}\neval {'block': 13, 'reward': 7.5, 's': 1.0}\n")
+        "{'i': 0}\neval {'block': 6, 'reward': 3.25, 's': 1.0}\neval {'block': 13, 'reward': 7.5, 's': 1.0}\n"
+        "eval {'block': 20, 'reward': nan, 's': 1.0}\n")
     return d
 
 
@@ -153,10 +155,14 @@ def test_study_tables_and_pngs(synthetic, tmp_path):
     assert alphas[1.0]["peak_std"] == pytest.approx(np.std([5.0, 9.0])) == pytest.approx(2.0)
     assert alphas[0.5]["peak_mean"] == pytest.approx(16.0) and alphas[0.5]["peak_std"] == pytest.approx(4.0)
     assert (alphas[1.0]["paper"], alphas[0.5]["paper"]) == (163.6, 193.5)
+    assert g["paper_note"] == "paper: 244-block cohort; here: 61 blocks"
     off = {o["seed"]: o for o in g["official"]}
     assert (off[0]["peak"], off[0]["peak_block"], off[0]["blocks"], off[0]["final_eval"]) == (30.0, 13, 20, 25.0)
     assert off[0]["s_per_block"] == pytest.approx(1.0) != np.median(TOTALS)  # the first block left out
     assert (off[1]["peak"], off[1]["status"]) == (7.5, "unfinished (log)")
+    assert off[1]["events"] == ["non-finite evaluation at block 20"] and off[0]["events"] == []
+    assert runs["AcrobotSwingup_ae0.5_s0"]["events"] == ["non-finite evaluation at block 15 (update 15)"]
+    assert runs["AcrobotSwingup_ae0.5_s0"]["peak"] == 12.0
     md = (out / "study.md").read_text()
     assert "paper: 244-block cohort; here: 61 blocks" in md and "nonfinite at block 9" in md
     assert all(math.isfinite(a["peak_mean"]) for a in g["by_alpha"])
