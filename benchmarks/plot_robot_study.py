@@ -247,7 +247,7 @@ def main() -> None:
                f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "
                f"| {'; '.join(o['events'] + (['median %.3g s/block' % o['s_per_block']] if o['s_per_block'] else [])) or '-'} |"
                for o in offs]
-        md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"]
+        md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"] if alphas else []
         md += [f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |" for s in alphas]
         if "paper_note" in g:
             md += ["", g["paper_note"]]
@@ -269,8 +269,9 @@ def main() -> None:
                 paper = f"; paper {s['paper']}" if s["paper"] is not None else ""
                 lines.append((*mean_curve(s["runs"], "block"), {"color": c, "lw": 2.5, "marker": "o", "ms": 3, "label":
                               f"alpha_eps {s['alpha']}: peak {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} (n={s['n']}){paper}"}))
-            plot(a.out / f"alpha_study_{task}.png", f"{task} alpha_eps study, {fnum(budget)} blocks asked "
-                 f"(paper: {PAPER_BLOCKS})", "block (983,040 steps)", lines)
+            if rs:
+                plot(a.out / f"alpha_study_{task}.png", f"{task} alpha_eps study, {fnum(budget)} blocks asked "
+                     f"(paper: {PAPER_BLOCKS})", "block (983,040 steps)", lines)
             if offs:
                 lines = []
                 for o in offs:
