@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend
-from fpo_utils.fast import GraphedSampler, GraphedStep, NumpySampler
+from fpo_utils.fast import GraphedCall, GraphedSampler, GraphedStep, NumpySampler
 from fpo_utils.runfolder import RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
@@ -60,7 +60,8 @@ class Args:
     resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
     track: bool = False  # also send the scalars to Weights & Biases
     cuda: bool = True  # use the GPU for the networks when one is present
-    cuda_graph: bool = True  # on CUDA, replay the rollout's sampler and the update's minibatch step as captured graphs
+    cuda_graph: bool = True  # on CUDA, replay each rollout step's torch work and each minibatch step as captured graphs
+    tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -155,7 +156,7 @@ PRESETS = {
     ),
 }
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
-MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "torch_threads",
+MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "tf32", "torch_threads",
               "env_threads", "keep_checkpoints", "runs_dir")
 
 
@@ -199,10 +200,15 @@ class FlowActor(nn.Module):
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
-        """Euler integration of dx/dt = v from t = 0 (noise x0) to t = 1 on a uniform grid."""
-        x, dt = x0, 1.0 / steps
+        """Euler integration of dx/dt = v from t = 0 (noise x0 (n, d)) to t = 1 on a uniform grid;
+        the first layer's observation and time terms are computed once for all steps."""
+        first, o, d = self.net[0], obs.shape[-1], self.act_dim
+        ang = (torch.arange(steps, device=x0.device) / steps).unsqueeze(-1) * self.freqs
+        time_term = nn.functional.linear(torch.cat([torch.cos(ang), torch.sin(ang)], -1), first.weight[:, o + d :])
+        base = nn.functional.linear(obs, first.weight[:, :o], first.bias) + time_term.unsqueeze(1)  # (steps, n, h)
+        x, w_x = x0, first.weight[:, o : o + d].t()
         for k in range(steps):
-            x = x + dt * self(obs, x, torch.full(x.shape[:-1], k * dt, device=x.device))
+            x = torch.add(x, self.net[1:](torch.addmm(base[k], x, w_x)), alpha=self.output_scale / steps)
         return x
 
 
@@ -323,10 +329,12 @@ class State:
     obs_rms: RunningMeanStd | None
     ret_rms: RunningMeanStd | None
     device: torch.device
-    sampler: object  # (obs, x0, steps) -> x: NumpySampler on CPU, GraphedSampler (or actor.sample) on GPU
+    sampler: object  # (obs, x0, steps) -> x in the rollout: NumpySampler on CPU, actor.sample on GPU
+    eval_sampler: object  # the same for the evaluated actor (the EMA copy if any); GraphedSampler on GPU
+    roll: dict  # the rollout's tensors (buffers, the environment's outputs, step counter ``k``), fixed addresses
+    act: object  # () -> None: rollout step k before the environment (policy_half, graphed on CUDA)
+    record: object  # () -> None: rollout step k after the environment (record_half, graphed on CUDA)
     ema: FlowActor | None = None
-    next_obs: torch.Tensor | None = None
-    ret_acc: torch.Tensor | None = None
     update: int = 0
     global_step: int = 0
     peak_return: float = -math.inf
@@ -336,70 +344,105 @@ class State:
 
 
 def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, seeded from (seed, update)
-    state.next_obs = state.envs.reset(segment_seed(seed, state.update)).to(state.device)
-    state.ret_acc = torch.zeros(state.envs.num_envs, dtype=torch.float64, device=state.device)
+    state.roll["obs_in"].copy_(state.envs.reset(segment_seed(seed, state.update)))
+    state.roll["ret_acc"].zero_()
+
+
+ENV_OUT = ("obs_in", "rew_in", "term_in", "trunc_in", "final_in", "ep_ret_in", "ep_len_in")  # step()'s outputs, copied
+
+
+def rollout_tensors(n: int, T: int, o: int, d: int, dev) -> dict:
+    z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
+    return {"obs": z(T, n, o), "final": z(T, n, o), "x": z(T, n, d), "rew": z(T, n), "term": z(T, n), "trunc": z(T, n),
+            "noise": z(T, n, d), "act_noise": z(T, n, d), "action": z(n, d), "ret_acc": z(n, dtype=torch.float64),
+            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "obs_in": z(n, o), "final_in": z(n, o),
+            **{key: z(n) for key in ENV_OUT[1:] if key != "final_in"}}
+
+
+def policy_half(state: State, args: Args) -> None:
+    """Rollout step k before the environment: observation statistics, the normalised observation and
+    the sampled x (stored at k), and the squashed action the environment gets (``roll["action"]``).
+    It reads and writes only fixed tensors, in place, so on CUDA it replays as one captured graph."""
+    r, k = state.roll, state.roll["k"]
+    if state.obs_rms is not None:
+        state.obs_rms.update(r["obs_in"])
+    o = normalize_obs(r["obs_in"], state.obs_rms)
+    x = state.sampler(o, r["noise"].index_select(0, k)[0], args.flow_steps).to(o.device)
+    if args.objective == "fpopp" and args.fpopp_action_noise > 0:
+        x = x + args.fpopp_action_noise * r["act_noise"].index_select(0, k)[0]
+    if args.action_bound > 0:  # bounded stored actions (and old losses)
+        x = x.clamp(-args.action_bound, args.action_bound)
+    r["obs"].index_copy_(0, k, o[None])
+    r["x"].index_copy_(0, k, x[None])
+    r["action"].copy_(squash(x, args.action_squash))
+
+
+def record_half(state: State, args: Args) -> None:
+    """Rollout step k after the environment (its outputs copied into ``roll[ENV_OUT]``): finished
+    episodes' sums, the reward (scaled, normalised by the running return std), the buffers at k; k += 1."""
+    r, k = state.roll, state.roll["k"]
+    done = torch.maximum(r["term_in"], r["trunc_in"]).double()
+    r["ep"].add_(torch.stack([r["ep_ret_in"].double(), r["ep_len_in"].double(), done]) @ done)
+    reward = r["rew_in"].double() * args.reward_scale
+    if state.ret_rms is not None:
+        r["ret_acc"].mul_(args.gamma).add_(reward)
+        state.ret_rms.update(r["ret_acc"])
+        reward = (reward / torch.sqrt(state.ret_rms.var + 1e-8)).clamp(-10.0, 10.0)
+        r["ret_acc"].mul_(1.0 - done)
+    for key, v in (("rew", reward.float()), ("term", r["term_in"]), ("trunc", r["trunc_in"]),
+                   ("final", normalize_obs(r["final_in"], state.obs_rms))):
+        r[key].index_copy_(0, k, v[None])
+    k.add_(1)
 
 
 def collect_rollout(state: State, args: Args) -> dict:
     """``num_steps`` vectorised steps; returns the batch with draws, old losses and GAE advantages.
     Observations are normalised at collection (statistics updated first, as CleanRL's wrapper) and
-    stored normalised. A truncated episode is bootstrapped with ``gamma V(final obs)``."""
-    envs, dev, actor, critic = state.envs, state.device, state.actor, state.critic
+    stored normalised. A truncated episode is bootstrapped with ``gamma V(final obs)``. The batch
+    views the rollout's buffers: use it before the next rollout."""
+    envs, dev, actor, critic, r = state.envs, state.device, state.actor, state.critic, state.roll
     n, T, d = envs.num_envs, args.num_steps, envs.act_dim
-    obs_buf, final_buf = (torch.zeros(T, n, envs.obs_dim, device=dev) for _ in range(2))
-    act_buf = torch.zeros(T, n, d, device=dev)
-    rew_buf, term_buf, trunc_buf = (torch.zeros(T, n, device=dev) for _ in range(3))
-    ep = torch.zeros(3, dtype=torch.float64, device=dev)  # sums over finished episodes: return, length, count
+    r["noise"].normal_()
+    if args.objective == "fpopp" and args.fpopp_action_noise > 0:
+        r["act_noise"].normal_()
+    r["ep"].zero_()
+    r["k"].zero_()
     if hasattr(state.sampler, "refresh"):  # the NumPy copy of the actor takes the current weights
         state.sampler.refresh()
-    for step in range(T):
-        if state.obs_rms is not None:
-            state.obs_rms.update(state.next_obs)
-        o = normalize_obs(state.next_obs, state.obs_rms)
-        obs_buf[step] = o
-        x = state.sampler(o, torch.randn(n, d, device=dev), args.flow_steps).to(dev)
-        if args.objective == "fpopp" and args.fpopp_action_noise > 0:
-            x = x + args.fpopp_action_noise * torch.randn(n, d, device=dev)
-        if args.action_bound > 0:  # bounded stored actions (and old losses)
-            x = x.clamp(-args.action_bound, args.action_bound)
-        act_buf[step] = x
-        next_obs, reward, term, trunc, info = envs.step(squash(x, args.action_squash))
-        done = (term | trunc).to(dev)
-        ep += torch.stack([info["episode_return"].to(dev).double(), info["episode_length"].to(dev).double(), done.double()]) @ done.double()
-        reward = reward.to(dev).double() * args.reward_scale
-        if state.ret_rms is not None:
-            state.ret_acc = state.ret_acc * args.gamma + reward
-            state.ret_rms.update(state.ret_acc)
-            reward = (reward / torch.sqrt(state.ret_rms.var + 1e-8)).clamp(-10.0, 10.0)
-            state.ret_acc = state.ret_acc * (~done)
-        rew_buf[step], term_buf[step], trunc_buf[step] = reward.float(), term.float(), trunc.float()
-        final_buf[step] = normalize_obs(info["final_obs"].to(dev), state.obs_rms)
-        state.next_obs = next_obs.to(dev)
+    for _ in range(T):
+        state.act()
+        next_obs, reward, term, trunc, info = envs.step(r["action"])
+        for key, v in zip(ENV_OUT, (next_obs, reward, term, trunc, info["final_obs"], info["episode_return"], info["episode_length"])):
+            r[key].copy_(v)
+        state.record()
     state.global_step += T * n
+    obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf = (r[k] for k in ("obs", "x", "final", "rew", "term", "trunc"))
+    ep = r["ep"]
 
     with torch.no_grad():
-        flat_obs = obs_buf.reshape(T * n, -1)
-        values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
-        next_value = critic(normalize_obs(state.next_obs, state.obs_rms))
-        boot = args.gamma * trunc_buf * (1 - term_buf) * torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
+        flat_obs, flat_x = obs_buf.reshape(T * n, -1), act_buf.reshape(T * n, d)
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
-        flat_x = act_buf.reshape(T * n, d)
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
         l_old = torch.cat([draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)])
-        adv, last = torch.zeros(T, n, device=dev), torch.zeros(n, device=dev)
-        for s in reversed(range(T)):
-            nv = next_value if s == T - 1 else values[s + 1]
-            nonterm = 1.0 - torch.maximum(term_buf[s], trunc_buf[s])
-            delta = rew_buf[s] + boot[s] + args.gamma * nv * nonterm - values[s]
-            last = delta + args.gamma * args.gae_lambda * nonterm * last
-            adv[s] = last
+        batch = {"obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old}
+        if not args.gae_unroll:  # GAE over the rollout with its critic
+            values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
+            next_value = critic(normalize_obs(r["obs_in"], state.obs_rms))
+            final_v = torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
+            boot = args.gamma * trunc_buf * (1 - term_buf) * final_v
+            adv, last = torch.zeros(T, n, device=dev), torch.zeros(n, device=dev)
+            for s in reversed(range(T)):
+                nv = next_value if s == T - 1 else values[s + 1]
+                nonterm = 1.0 - torch.maximum(term_buf[s], trunc_buf[s])
+                delta = rew_buf[s] + boot[s] + args.gamma * nv * nonterm - values[s]
+                last = delta + args.gamma * args.gae_lambda * nonterm * last
+                adv[s] = last
+            batch.update(adv=adv.reshape(-1), returns=(adv + values).reshape(-1))
     ep_n, (ep_ret, ep_len) = int(ep[2]), (ep[:2] / max(float(ep[2]), 1.0)).tolist()
-    batch = {"obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old, "adv": adv.reshape(-1),
-             "returns": (adv + values).reshape(-1)}
     if args.gae_unroll:  # unrolls of gae_unroll steps of one environment; GAE follows in each minibatch
         rows = {"rew": rew_buf, "disc": args.gamma * (1 - term_buf), "trunc": trunc_buf, "boot": final_buf}
         batch.update({key: v.reshape(T * n, *v.shape[2:]) for key, v in rows.items()})
-        batch = {key: unrolls(v, T, args.gae_unroll) for key, v in batch.items() if key not in ("adv", "returns")}
+        batch = {key: unrolls(v, T, args.gae_unroll) for key, v in batch.items()}
         batch["boot"] = batch["boot"][:, -1]  # the observation after each unroll's last step (before any reset)
     return {
         **batch,
@@ -416,14 +459,15 @@ def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
 
 def unroll_gae(rew, disc, trunc, values, boot_value, lam: float):
     """(value targets, advantages) over unrolls (m, k) in the official FPO code's (brax's) form: ``disc``
-    is gamma (0 after a termination); time-limit steps get no TD error and no advantage."""
-    mask = 1.0 - trunc
+    is gamma (0 after a termination); time-limit steps get no TD error and no advantage. The recursion
+    ``acc_s = delta_s + c_s acc_{s+1}`` (``c = disc lam mask``) is solved as one product with the
+    matrix ``C[s, j] = c_s ... c_{j-1}`` (j >= s): a few kernels instead of k steps."""
+    mask, k = 1.0 - trunc, rew.shape[1]
     deltas = (rew + disc * torch.cat([values[:, 1:], boot_value[:, None]], 1) - values) * mask
-    acc, out = torch.zeros_like(boot_value), []
-    for s in reversed(range(rew.shape[1])):
-        acc = deltas[:, s] + disc[:, s] * lam * mask[:, s] * acc
-        out.append(acc)
-    vs = torch.stack(out[::-1], 1) + values
+    c = torch.cat([torch.ones_like(mask[:, :1]), (disc * lam * mask)[:, :-1]], 1)  # c[:, j] = c_{j-1}
+    ones = torch.ones(k, k, dtype=torch.bool, device=rew.device)
+    prod = torch.where(ones.triu(1), c[:, None, :], 1.0).cumprod(2) * ones.triu()  # zero below the diagonal
+    vs = (prod @ deltas.unsqueeze(-1)).squeeze(-1) + values
     return vs, (rew + disc * torch.cat([vs[:, 1:], boot_value[:, None]], 1) - values) * mask
 
 
@@ -520,14 +564,15 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
     """Mean return of the first episode of each evaluation environment (seeds ``eval_seed + i``);
     ``init`` zero starts the sampler at x0 = 0, random from a generator seeded with ``eval_seed``
     (never the training RNG). Observation statistics are frozen; the EMA actor when there is one."""
-    actor = state.ema if state.ema is not None else state.actor
     gen = torch.Generator(device="cpu").manual_seed(args.eval_seed)
+    if hasattr(state.eval_sampler, "refresh"):
+        state.eval_sampler.refresh()
     obs, n, d = envs.reset(args.eval_seed), envs.num_envs, envs.act_dim
     total, finished = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
     while not bool(finished.all()):
         o = normalize_obs(obs.to(state.device), state.obs_rms)
         x0 = (torch.zeros(n, d) if init == "zero" else torch.randn(n, d, generator=gen)).to(state.device)
-        x = actor.sample(o, x0, args.flow_steps)
+        x = state.eval_sampler(o, x0, args.flow_steps).to(state.device)
         obs, reward, term, trunc, _ = envs.step(squash(x, args.action_squash))
         total += torch.where(finished, 0.0, reward.cpu().double())
         finished |= (term | trunc).cpu()
@@ -562,11 +607,18 @@ def build_state(args: Args, device: torch.device) -> State:
     # One optimiser over both networks (they share no parameters); the fused kernel does the step in one call.
     optimizer = torch.optim.AdamW(list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate,
                                   eps=args.adam_eps, weight_decay=args.weight_decay, fused=True)
-    return State(envs, actor, critic, optimizer,
-                 RunningMeanStd((envs.obs_dim,), device) if args.norm_obs else None,
-                 RunningMeanStd((), device) if args.norm_reward else None, device,
-                 (GraphedSampler(actor) if args.cuda_graph else actor.sample) if device.type == "cuda" else NumpySampler(actor),
-                 copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None)
+    ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
+    evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
+    state = State(envs, actor, critic, optimizer, RunningMeanStd((envs.obs_dim,), device) if args.norm_obs else None,
+                  RunningMeanStd((), device) if args.norm_reward else None, device,
+                  actor.sample if device.type == "cuda" else NumpySampler(actor),
+                  (GraphedSampler(evaluated) if graphs else evaluated.sample) if device.type == "cuda" else NumpySampler(evaluated),
+                  rollout_tensors(args.num_envs, args.num_steps, envs.obs_dim, envs.act_dim, device), None, None, ema)
+    state.act, state.record = lambda: policy_half(state, args), lambda: record_half(state, args)  # noqa: E731
+    if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched
+        touched = lambda: [*state.roll.values(), *[v for m in (state.obs_rms, state.ret_rms) if m for v in vars(m).values()]]  # noqa: E731
+        state.act, state.record = GraphedCall(state.act, touched), GraphedCall(state.record, touched)
+    return state
 
 
 PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a checkpoint holds, with the counters
@@ -611,6 +663,7 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     with rf:
         state = build_state(args, device)

@@ -245,24 +245,26 @@ class RunningMeanStd:
         self.frozen = False
 
     def update(self, x: torch.Tensor) -> None:
+        """Fold the batch ``x`` (rows = samples) into the statistics, in place (a captured CUDA graph
+        may hold these tensors)."""
         if self.frozen:
             return
         x = x.double()
         bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, tot = bm - self.mean, self.count + bc
-        self.mean = self.mean + delta * bc / tot
-        self.var = (self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot
-        self.count = tot
+        self.var.copy_((self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot)
+        self.mean.add_(delta * bc / tot)
+        self.count.copy_(tot)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
 
     def state_dict(self) -> dict:
-        return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count.cpu()}
+        return {k: getattr(self, k).detach().cpu().clone() for k in ("mean", "var", "count")}
 
     def load_state_dict(self, d: dict) -> None:
-        dev = self.mean.device
-        self.mean, self.var, self.count = (torch.as_tensor(d[k], dtype=torch.float64).to(dev) for k in ("mean", "var", "count"))
+        for k in ("mean", "var", "count"):  # in place: the tensors keep their addresses
+            getattr(self, k).copy_(torch.as_tensor(d[k], dtype=torch.float64))
 
 
 def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:

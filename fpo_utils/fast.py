@@ -3,6 +3,9 @@
 * :class:`NumpySampler`: the flow actor's Euler sampler as float32 NumPy for CPU rollouts (a
   rollout samples ``num_envs`` actions per step with ``flow_steps`` small MLP evaluations; NumPy's
   per-call cost is several times below torch's per-op dispatch at these sizes).
+* :class:`GraphedCall`: a function of fixed tensors (a rollout step's policy half or bookkeeping
+  half) captured once as a CUDA graph and replayed.
+* :class:`GraphedSampler`: the Euler sampler captured per batch shape (evaluation).
 * :class:`GraphedStep`: one minibatch step of the update (gather, losses, backward, gradient clip,
   fused optimiser step) captured once as a CUDA graph and replayed for every minibatch.
 """
@@ -171,6 +174,39 @@ class GraphedStep:
         for _ in range(steps):
             self.graph.replay()
         return self.stats
+
+
+class GraphedCall:
+    """``fn()``, a function without arguments that reads and writes fixed tensors in place (its
+    inputs are copied in, its outputs read, at the same addresses every time), captured once as a
+    CUDA graph and replayed by each call.
+
+    Capturing runs ``fn`` for real on a side stream first (lazy cuBLAS set-up must not happen inside
+    a capture); every tensor ``touched()`` lists is restored afterwards, so capturing changes nothing.
+    """
+
+    def __init__(self, fn: Callable[[], None], touched: Callable[[], list]):
+        self.fn, self.touched, self.graph = fn, touched, None
+
+    def __call__(self) -> None:
+        if self.graph is None:
+            tensors = [t for t in self.touched() if torch.is_tensor(t)]
+            saved = [t.clone() for t in tensors]
+            dev = tensors[0].device
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                self.fn()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            for t, v in zip(tensors, saved):
+                t.copy_(v)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.fn()
+            for t, v in zip(tensors, saved):  # the capture itself does not run the kernels, but be exact
+                t.copy_(v)
+            self.graph = graph
+        self.graph.replay()
 
 
 class GraphedSampler:

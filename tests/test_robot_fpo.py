@@ -591,6 +591,34 @@ def test_unrolls_and_unroll_gae_closed_forms():
     torch.testing.assert_close(adv, torch.tensor([[1 + g * 2 - 0.5, 3.0, 0.0]]))
 
 
+def test_unroll_gae_matches_the_step_by_step_recursion():
+    torch.manual_seed(0)
+    m, k, lam = 16, 30, 0.95
+    rew, values, boot = torch.randn(m, k), torch.randn(m, k), torch.randn(m)
+    disc = 0.99 * (torch.rand(m, k) > 0.1).float()  # some terminations
+    trunc = (torch.rand(m, k) > 0.9).float()  # some time limits
+    vs, adv = R.unroll_gae(rew, disc, trunc, values, boot, lam)
+    mask = 1.0 - trunc
+    nxt = torch.cat([values[:, 1:], boot[:, None]], 1)
+    acc, ref = torch.zeros(m), torch.zeros(m, k)
+    for s in reversed(range(k)):  # brax's recursion, written out
+        acc = (rew[:, s] + disc[:, s] * nxt[:, s] - values[:, s]) * mask[:, s] + disc[:, s] * lam * mask[:, s] * acc
+        ref[:, s] = acc + values[:, s]
+    torch.testing.assert_close(vs, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adv, (rew + disc * torch.cat([ref[:, 1:], boot[:, None]], 1) - values) * mask, rtol=1e-5, atol=1e-5)
+
+
+def test_sampler_is_euler_over_the_forward_pass():
+    torch.manual_seed(0)
+    actor = R.FlowActor(5, 2, 16, 3, 8, 0.25)
+    obs, x0, steps = torch.randn(7, 5), torch.randn(7, 2), 6
+    x = x0
+    with torch.no_grad():
+        for k in range(steps):
+            x = x + actor(obs, x, torch.full((7,), k / steps)) / steps
+    torch.testing.assert_close(actor.sample(obs, x0, steps), x, rtol=1e-5, atol=1e-6)
+
+
 def test_gae_unroll_end_to_end_and_resume(tmp_path):
     args = tiny_args(tmp_path, gae_unroll=8, num_updates=4)  # 4 envs x 32 steps = 16 unrolls of 8, 2 minibatches
     summary = R.main(args)
@@ -613,3 +641,35 @@ def test_graphed_sampler_matches_eager_sampler_on_gpu():
             for p in actor.parameters():
                 p.add_(0.01 * torch.randn_like(p))
     assert sampler.key == ((7, 5), (7, 2), 4, obs.device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured rollout steps with eager ones)")
+@pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
+def test_graphed_rollout_matches_eager_rollout_on_gpu(tmp_path, objective, gae_unroll):
+    args = tiny_args(tmp_path, objective=objective, cuda=True, gae_unroll=gae_unroll, action_bound=1.5)
+    out = []
+    for graph in (False, True):
+        a = replace(args, cuda_graph=graph)
+        torch.manual_seed(0)
+        state = R.build_state(a, torch.device("cuda"))
+        R.reset_envs(state, a.seed)
+        assert isinstance(state.act, R.GraphedCall) == graph
+        torch.manual_seed(1)
+        batches = []
+        for _ in range(2):  # the second rollout replays the captured graphs and continues the episodes
+            batch = R.collect_rollout(state, a)
+            batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()})
+        out.append((batches, state.obs_rms.state_dict(), state.ret_rms.state_dict(), state.global_step))
+        state.envs.close()
+    (eager, rms_e, ret_e, gs_e), (graphed, rms_g, ret_g, gs_g) = out
+    assert gs_e == gs_g == 2 * args.num_envs * args.num_steps
+    for be, bg in zip(eager, graphed):
+        assert be.keys() == bg.keys()
+        for key in be:
+            if torch.is_tensor(be[key]):
+                torch.testing.assert_close(bg[key], be[key], rtol=1e-6, atol=1e-6, msg=key)
+            else:
+                assert bg[key] == pytest.approx(be[key], rel=1e-6), key
+    for e, g in ((rms_e, rms_g), (ret_e, ret_g)):
+        for key in e:
+            torch.testing.assert_close(g[key], e[key], rtol=1e-9, atol=1e-9)
