@@ -1,15 +1,13 @@
 """FPO and FPO++ flow policies trained from scratch on MuJoCo / DeepMind Control tasks.
 
 A CleanRL-style trainer (compare ``ppo_continuous_action.py``): a flow policy (MLP on the normalised
-observation, the noisy action and a time embedding; Euler sampling), a critic, GAE and vectorised
+observation, the noisy action and a time embedding; Euler sampling), a critic, GAE, vectorised
 environments (envpool, gymnasium or MuJoCo Playground: fpo_utils/envs.py). ``--objective fpo``
-(eq:fpo-objective): the weight sits INSIDE the exponent, ``r_i = exp(1/M sum_m w(s_im) (l_old - l)_im)``;
-``--objective fpopp`` (eq:fpopp-objective): per-draw ratios, the weight multiplies the proxy AFTER the
-exponential. Conventions: ``t = 0`` noise, ``t = 1`` action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``;
-the environment gets tanh(x) (or x clipped), x is stored. Run folder: fpo_utils/runfolder.py. At every
-checkpoint all environments restart from seeds derived from (seed, update), so ``--resume`` reproduces
-an uninterrupted run exactly (CPU) and Ctrl-C / SIGTERM stop at the next checkpoint (twice: at once).
-Presets: see Args. Results and tuning history: benchmarks/robot_results/README.md.
+(eq:fpo-objective): weights INSIDE the exponent; ``--objective fpopp`` (eq:fpopp-objective): per-draw
+ratios, weights AFTER the exponential. ``t = 0`` noise, ``t = 1`` action, ``x_t = (1 - t) eps + t x``,
+``u = x - eps``; x is stored, the environment gets tanh(x) (or x clipped). Every checkpoint restarts
+all environments from seeds of (seed, update), so ``--resume`` is exact (CPU); Ctrl-C stops there.
+Results and tuning history: benchmarks/robot_results/README.md.
 
     python robot_fpo.py --env-id CartpoleSwingup-v1 --objective fpopp --alpha 0.5
     python robot_fpo.py --preset fpo --env-id WalkerRun-v1 --alpha-eps 0.5
@@ -27,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend
-from fpo_utils.fast import GraphedCall, GraphedSampler, GraphedStep, NumpySampler
+from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend, segment_seed
+from fpo_utils.fast import ENV_OUT, GraphedCall, GraphedSampler, GraphedStep, NumpySampler, chunks, rollout_tensors, unrolls
 from fpo_utils.runfolder import RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
@@ -37,21 +35,16 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    """Flags; ``--preset`` picks a named set of defaults: ``default`` (CPU scale, 64 environments x 64
-    steps), ``fpo`` (official FPO, app:robotics: one update = one block of 983,040 steps), ``fpopp``
-    (official FPO++). Where the paper leaves a choice open, the ``fpo`` preset does what the official FPO code
-    (akanazawa/fpo, ``playground/``) does: Adam (eps 1e-8, no weight decay, constant lr), rewards x 10
-    without reward normalisation, SiLU in both networks, the sampled action stored unclamped and
-    tanh(x) sent to the environment, advantages normalised per minibatch, value loss 0.25 x MSE, 8
-    draws stored at rollout time and averaged before the exponential, and (``--gae-unroll 30``) GAE
-    recomputed in each minibatch of 1,024 unrolls x 30 steps with the current critic, brax's form, no
-    TD error or value loss at time-limit steps. Still different here: observation statistics are
-    updated every step and clipped at +-10 (official: once per update, unclipped); time
-    embedding frequencies pi 2^k (official 2^k); torch's default Linear init (official lecun-uniform).
-    The ``fpopp`` preset takes the official FPO++ defaults (both losses clamped at 20, the current one
-    again where A < 0, difference clamp 10, advantage clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1,
-    actor EMA .95 after 500 updates, used here for evaluation); its environments, rollout length and
-    network sizes are this project's choice."""
+    """Flags; ``--preset``: ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO,
+    app:robotics: one update = one block of 983,040 steps), ``fpopp`` (official FPO++). Where the paper
+    is silent, ``fpo`` does what the official FPO code (akanazawa/fpo ``playground/``) does: Adam (eps
+    1e-8, constant lr), rewards x 10 unnormalised, SiLU, lecun-uniform init, time embedding 2^k,
+    observation statistics once per update (its RunningStats, unclipped), x stored unclamped and tanh(x)
+    sent on, 8 draws averaged before the exponential, value loss 0.25 MSE, and GAE recomputed in each
+    minibatch of 1,024 unrolls x 30 steps with the current critic (brax's form). Still different: the
+    time embedding reads t (official: 1 - t); an unroll bootstraps from the observation before a reset.
+    ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage
+    clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1, evaluation by an actor EMA .95 after 500 updates)."""
 
     preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
     runs_dir: str = "runs"  # parent folder of the run folders
@@ -72,6 +65,7 @@ class Args:
     env_threads: int = 0  # envpool threads (0: one per core)
     episode_length: int = 1000  # time limit of the playground backend (envpool and gymnasium use the id's own limit)
     norm_obs: bool = True  # running observation normalisation (app:robotics)
+    obs_stats: Literal["step", "update"] = "step"  # statistics updated each rollout step (CleanRL), or once per update from its rollout before training (official FPO's RunningStats)
     norm_reward: bool = True  # divide rewards by the running std of the discounted return (CleanRL)
     reward_scale: float = 1.0  # multiply rewards by this (official FPO: 10)
 
@@ -104,6 +98,8 @@ class Args:
     critic_layers: int = 2  # hidden layers of the value MLP
     critic_act: Literal["tanh", "silu"] = "tanh"  # activation of the value MLP
     time_embed_dim: int = 8  # sinusoidal time-embedding size (even)
+    time_embed_base: float = math.pi  # time-embedding frequencies base * 2^k (official FPO: 1)
+    init: Literal["torch", "lecun"] = "torch"  # Linear weights: torch's default, or lecun-uniform with zero biases (official FPO)
     output_scale: float = 0.25  # scale on the velocity output (official FPO: 0.25, FPO++: 1.0)
     action_squash: Literal["clip", "tanh"] = "tanh"  # how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]
     action_bound: float = 3.0  # clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded
@@ -139,14 +135,13 @@ class Args:
 
 PRESETS = {
     "default": Args(),
-    # Official FPO FpoConfig (app:robotics): 2048 envs x 480 steps = 983,040 = one block per update
-    # (its iterations_per_env = 32 minibatches x 1024 x unroll 30 / 2048), 16 epochs of 32
-    # minibatches of 30,720 samples, 60M steps = 61 blocks, 10 evaluations of 128 episodes.
+    # Official FpoConfig (app:robotics): 2048 envs x 480 steps = one block, 16 x 32 minibatches, 61 blocks.
     "fpo": Args(
         preset="fpo", env_id="WalkerRun-v1", num_envs=2048, num_steps=480, num_minibatches=32, update_epochs=16,
         total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
         norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
         critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128, gae_unroll=30,
+        obs_stats="update", init="lecun", time_embed_base=1.0,
     ),
     "fpopp": Args(
         preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
@@ -161,11 +156,6 @@ MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda
 
 
 # ---------------------------------------------------------------- Environments
-def segment_seed(seed: int, update: int) -> int:
-    """Environment seed of the segment starting at ``update`` (environment i gets this + i)."""
-    return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
-
-
 def squash(x: torch.Tensor, mode: str) -> torch.Tensor:
     """The flow's action in [-1, 1] (the env rescales it to its box): tanh(x) or x clipped."""
     return torch.tanh(x) if mode == "tanh" else x.clamp(-1.0, 1.0)
@@ -180,19 +170,18 @@ def mlp(n_in: int, hidden: int, layers: int, n_out: int, act=nn.SiLU) -> nn.Sequ
 class FlowActor(nn.Module):
     """Velocity field ``v(obs, x_t, t)``: an MLP on [obs, x_t, sinusoidal embedding of t]."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int, embed_dim: int, output_scale: float):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int, embed_dim: int, output_scale: float,
+                 embed_base: float = math.pi):
         super().__init__()
         if embed_dim % 2:
             raise ValueError(f"time_embed_dim={embed_dim} must be even")
         self.act_dim, self.output_scale = act_dim, output_scale
-        self.register_buffer("freqs", math.pi * 2.0 ** torch.arange(embed_dim // 2, dtype=torch.float32))
+        self.register_buffer("freqs", embed_base * 2.0 ** torch.arange(embed_dim // 2, dtype=torch.float32))
         self.net = mlp(obs_dim + act_dim + embed_dim, hidden, layers, act_dim)
 
     def forward(self, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """obs (..., o), x_t (..., d), t (...) -> velocity (..., d). The first layer is applied block
-        by block, so obs may broadcast against x_t ((n, 1, o) against (n, M, d): once per action)."""
-        ang = t.unsqueeze(-1) * self.freqs
-        first, o, d = self.net[0], obs.shape[-1], self.act_dim
+        """obs (..., o), x_t (..., d), t (...) -> velocity (..., d); obs may broadcast against x_t."""
+        ang, first, o, d = t.unsqueeze(-1) * self.freqs, self.net[0], obs.shape[-1], self.act_dim
         w = first.weight
         h = nn.functional.linear(obs, w[:, :o]) + nn.functional.linear(x_t, w[:, o : o + d])
         h = h + nn.functional.linear(torch.cat([torch.cos(ang), torch.sin(ang)], dim=-1), w[:, o + d :], first.bias)
@@ -200,8 +189,7 @@ class FlowActor(nn.Module):
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
-        """Euler integration of dx/dt = v from t = 0 (noise x0 (n, d)) to t = 1 on a uniform grid;
-        the first layer's observation and time terms are computed once for all steps."""
+        """Euler steps of dx/dt = v from t = 0 (noise x0 (n, d)) to 1; obs and time terms computed once."""
         first, o, d = self.net[0], obs.shape[-1], self.act_dim
         ang = (torch.arange(steps, device=x0.device) / steps).unsqueeze(-1) * self.freqs
         time_term = nn.functional.linear(torch.cat([torch.cos(ang), torch.sin(ang)], -1), first.weight[:, o + d :])
@@ -225,10 +213,8 @@ class Critic(nn.Module):
 def sample_draws(n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(t, eps) draws per stored action: FPO t on {0, .1, ..., .9} (s = 1-t on {.1,...,1}), FPO++ t ~ U[t_min, t_max]."""
     if objective == "fpo":
-        t = torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE
-    else:
-        t = t_min + (t_max - t_min) * torch.rand(n, m, device=device)
-    return t, torch.randn(n, m, d, device=device)
+        return torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE, torch.randn(n, m, d, device=device)
+    return t_min + (t_max - t_min) * torch.rand(n, m, device=device), torch.randn(n, m, d, device=device)
 
 
 def draw_losses(actor: FlowActor, obs: torch.Tensor, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, objective: str) -> torch.Tensor:
@@ -255,10 +241,8 @@ def spo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_coef: float) -> t
 
 def trust_region_proxy(ratio: torch.Tensor, adv: torch.Tensor, clip_coef: float, mode: str) -> torch.Tensor:
     """FPO++ per-draw proxy: ``ppo``, ``spo`` or ``aspo`` (PPO where A > 0, SPO where A <= 0)."""
-    if mode == "ppo":
-        return ppo_surrogate(ratio, adv, clip_coef)
-    if mode == "spo":
-        return spo_surrogate(ratio, adv, clip_coef)
+    if mode in ("ppo", "spo"):
+        return (ppo_surrogate if mode == "ppo" else spo_surrogate)(ratio, adv, clip_coef)
     if mode == "aspo":
         return torch.where(adv > 0, ppo_surrogate(ratio, adv, clip_coef), spo_surrogate(ratio, adv, clip_coef))
     raise ValueError(f"trust_region={mode!r}; allowed: 'aspo', 'ppo', 'spo'")
@@ -270,10 +254,9 @@ def straight_through_upper_clamp(x: torch.Tensor, upper: float) -> torch.Tensor:
 
 
 def fpo_loss(l_old, l_new, t, adv, alpha_eps: float, clip_coef: float, w: torch.Tensor | None = None):
-    """FPO actor loss (eq:fpo-objective), weight inside the exponent:
-    ``D_i = mean_m w_alpha_eps(1 - t_im) (l_old - l_new)_im``, ``r_i = exp(D_i)``,
-    ``L = -mean_i min(r_i A_i, clip(r_i, 1-rho, 1+rho) A_i)``; no clamp on D (official FPO).
-    ``w`` optionally passes precomputed weights. Returns (loss, ratio (n,), D (n,))."""
+    """FPO actor loss (eq:fpo-objective): ``D_i = mean_m w_alpha_eps(1 - t_im) (l_old - l_new)_im``,
+    ``r_i = exp(D_i)`` (D unclamped, as official FPO), ``L = -mean_i min(r_i A_i, clip(r_i, 1 +- rho) A_i)``;
+    ``w``: precomputed weights. Returns (loss, ratio (n,), D (n,))."""
     if w is None:
         w = fpo_weight_at(1.0 - t, alpha_eps)
     d_i = (w * (l_old - l_new)).mean(-1)
@@ -283,17 +266,11 @@ def fpo_loss(l_old, l_new, t, adv, alpha_eps: float, clip_coef: float, w: torch.
 
 def fpopp_loss(l_old, l_new, t, adv, alpha: float, clip_coef: float, mode: str = "aspo", loss_clamp: float = 20.0,
                ratio_log_clamp: float = 10.0, t_min: float = 0.005, t_max: float = 0.995, w: torch.Tensor | None = None):
-    """FPO++ actor loss (eq:fpopp-objective), weight outside the per-draw proxy.
-
-    ``l_old <- min(l_old, c)`` and ``l_new <- min(l_new, c)`` (both, always), then
-    ``l_new <- min(l_new, c)`` again where ``A < 0`` (the official FPO++ code's second clamp,
-    ``cfm_loss_clamp_negative_advantages_max``, has the same bound 20 by default);
-    ``r_im = exp(C_STE(l_old - l_new))``; ``L = -1/(nM) sum w_alpha(t_im) P_TR(r_im, A_i)``.
-    ``adv`` is the already normalised and clamped advantage. Returns (loss, ratio (n, M)).
-    """
+    """FPO++ actor loss (eq:fpopp-objective): both losses clamped at c, the current one again where A < 0
+    (official FPO++: ``cfm_loss_clamp_negative_advantages_max``, also 20); ``r_im = exp(C_STE(l_old -
+    l_new))``; ``L = -1/(nM) sum w_alpha(t_im) P_TR(r_im, A_i)``, ``adv`` already normalised and clamped."""
     a = adv.unsqueeze(-1).expand_as(l_new)
-    l_old_c = l_old.clamp(max=loss_clamp)
-    l_new_c = l_new.clamp(max=loss_clamp)
+    l_old_c, l_new_c = l_old.clamp(max=loss_clamp), l_new.clamp(max=loss_clamp)
     l_new_c = torch.where(a < 0, l_new_c.clamp(max=loss_clamp), l_new_c)
     ratio = torch.exp(straight_through_upper_clamp(l_old_c - l_new_c, ratio_log_clamp))
     if w is None:
@@ -306,22 +283,18 @@ def current_alpha(args: Args, global_step: int) -> float:
     fixed = args.alpha_eps if args.objective == "fpo" else args.alpha
     if args.alpha_early is None and args.alpha_late is None:
         return float(fixed)
-    early = fixed if args.alpha_early is None else args.alpha_early
-    late = fixed if args.alpha_late is None else args.alpha_late
+    early, late = (fixed if v is None else v for v in (args.alpha_early, args.alpha_late))
     return float(linear_schedule(global_step // args.block_size, early, late, args.k0, args.k1))
 
 
 def draw_weights(t: torch.Tensor, args: Args, alpha: float) -> torch.Tensor:
     """Timestep weights of the stored draws: FPO ``w_alpha_eps(1 - t)``, FPO++ ``w_alpha(t)``."""
-    if args.objective == "fpo":
-        return fpo_weight_at(1.0 - t, alpha)
-    return fpopp_weight(t, alpha, args.t_min, args.t_max)
+    return fpo_weight_at(1.0 - t, alpha) if args.objective == "fpo" else fpopp_weight(t, alpha, args.t_min, args.t_max)
 
 
-# ---------------------------------------------------------------- Training state, rollout + GAE
+# ---------------------------------------------------------------- Training state (all that evolves), rollout + GAE
 @dataclass
 class State:
-    """Everything that evolves during training."""
     envs: object
     actor: FlowActor
     critic: Critic
@@ -348,23 +321,11 @@ def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, s
     state.roll["ret_acc"].zero_()
 
 
-ENV_OUT = ("obs_in", "rew_in", "term_in", "trunc_in", "final_in", "ep_ret_in", "ep_len_in")  # step()'s outputs, copied
-
-
-def rollout_tensors(n: int, T: int, o: int, d: int, dev) -> dict:
-    z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
-    return {"obs": z(T, n, o), "final": z(T, n, o), "x": z(T, n, d), "rew": z(T, n), "term": z(T, n), "trunc": z(T, n),
-            "noise": z(T, n, d), "act_noise": z(T, n, d), "action": z(n, d), "ret_acc": z(n, dtype=torch.float64),
-            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "obs_in": z(n, o), "final_in": z(n, o),
-            **{key: z(n) for key in ENV_OUT[1:] if key != "final_in"}}
-
-
 def policy_half(state: State, args: Args) -> None:
-    """Rollout step k before the environment: observation statistics, the normalised observation and
-    the sampled x (stored at k), and the squashed action the environment gets (``roll["action"]``).
-    It reads and writes only fixed tensors, in place, so on CUDA it replays as one captured graph."""
+    """Rollout step k before the environment: statistics, normalised observation and sampled x (stored at
+    k), squashed action ``roll["action"]``. Fixed tensors only, in place: on CUDA one captured graph."""
     r, k = state.roll, state.roll["k"]
-    if state.obs_rms is not None:
+    if state.obs_rms is not None and args.obs_stats == "step":
         state.obs_rms.update(r["obs_in"])
     o = normalize_obs(r["obs_in"], state.obs_rms)
     x = state.sampler(o, r["noise"].index_select(0, k)[0], args.flow_steps).to(o.device)
@@ -396,17 +357,15 @@ def record_half(state: State, args: Args) -> None:
 
 
 def collect_rollout(state: State, args: Args) -> dict:
-    """``num_steps`` vectorised steps; returns the batch with draws, old losses and GAE advantages.
-    Observations are normalised at collection (statistics updated first, as CleanRL's wrapper) and
-    stored normalised. A truncated episode is bootstrapped with ``gamma V(final obs)``. The batch
-    views the rollout's buffers: use it before the next rollout."""
+    """``num_steps`` vectorised steps -> the batch (normalised observations, draws, old losses, GAE; a
+    truncated episode bootstraps with ``gamma V(final obs)``). It views the buffers: use it before the next."""
     envs, dev, actor, critic, r = state.envs, state.device, state.actor, state.critic, state.roll
     n, T, d = envs.num_envs, args.num_steps, envs.act_dim
     r["noise"].normal_()
     if args.objective == "fpopp" and args.fpopp_action_noise > 0:
         r["act_noise"].normal_()
-    r["ep"].zero_()
-    r["k"].zero_()
+    for key in ("ep", "k"):  # finished episodes' sums, the step counter
+        r[key].zero_()
     if hasattr(state.sampler, "refresh"):  # the NumPy copy of the actor takes the current weights
         state.sampler.refresh()
     for _ in range(T):
@@ -424,19 +383,23 @@ def collect_rollout(state: State, args: Args) -> dict:
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
         l_old = torch.cat([draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)])
+        if args.obs_stats == "update" and state.obs_rms is not None:  # official FPO: new statistics from this
+            rms = state.obs_rms  # rollout's observations, then every stored observation renormalised with them
+            mean, std = rms.mean.clone(), rms.var.sqrt()
+            raw_obs, raw_final = (b.reshape(T * n, -1).double() * std + mean for b in (obs_buf, final_buf))
+            rms.update(raw_obs)
+            flat_obs, final_buf = rms.normalize(raw_obs), rms.normalize(raw_final).reshape(T, n, -1)
         batch = {"obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old}
         if not args.gae_unroll:  # GAE over the rollout with its critic
             values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
             next_value = critic(normalize_obs(r["obs_in"], state.obs_rms))
             final_v = torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
             boot = args.gamma * trunc_buf * (1 - term_buf) * final_v
+            nonterm = 1.0 - torch.maximum(term_buf, trunc_buf)
+            delta = rew_buf + boot + args.gamma * torch.cat([values[1:], next_value[None]]) * nonterm - values
             adv, last = torch.zeros(T, n, device=dev), torch.zeros(n, device=dev)
             for s in reversed(range(T)):
-                nv = next_value if s == T - 1 else values[s + 1]
-                nonterm = 1.0 - torch.maximum(term_buf[s], trunc_buf[s])
-                delta = rew_buf[s] + boot[s] + args.gamma * nv * nonterm - values[s]
-                last = delta + args.gamma * args.gae_lambda * nonterm * last
-                adv[s] = last
+                adv[s] = last = delta[s] + args.gamma * args.gae_lambda * nonterm[s] * last
             batch.update(adv=adv.reshape(-1), returns=(adv + values).reshape(-1))
     ep_n, (ep_ret, ep_len) = int(ep[2]), (ep[:2] / max(float(ep[2]), 1.0)).tolist()
     if args.gae_unroll:  # unrolls of gae_unroll steps of one environment; GAE follows in each minibatch
@@ -451,17 +414,9 @@ def collect_rollout(state: State, args: Args) -> dict:
     }
 
 
-def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
-    """Rows (T * n, ...) in time-major order -> (n * T / k, k, ...): unrolls of k steps of one environment."""
-    a = a.reshape(T // k, k, -1, *a.shape[1:])
-    return a.movedim(2, 0).reshape(-1, k, *a.shape[3:])
-
-
 def unroll_gae(rew, disc, trunc, values, boot_value, lam: float):
-    """(value targets, advantages) over unrolls (m, k) in the official FPO code's (brax's) form: ``disc``
-    is gamma (0 after a termination); time-limit steps get no TD error and no advantage. The recursion
-    ``acc_s = delta_s + c_s acc_{s+1}`` (``c = disc lam mask``) is solved as one product with the
-    matrix ``C[s, j] = c_s ... c_{j-1}`` (j >= s): a few kernels instead of k steps."""
+    """(value targets, advantages) over unrolls (m, k), brax's form (``disc``: gamma, 0 after a termination;
+    no TD error at time limits). ``acc_s = delta_s + c_s acc_{s+1}`` as one product with ``C[s, j] = c_s..c_{j-1}``."""
     mask, k = 1.0 - trunc, rew.shape[1]
     deltas = (rew + disc * torch.cat([values[:, 1:], boot_value[:, None]], 1) - values) * mask
     c = torch.cat([torch.ones_like(mask[:, :1]), (disc * lam * mask)[:, :-1]], 1)  # c[:, j] = c_{j-1}
@@ -469,11 +424,6 @@ def unroll_gae(rew, disc, trunc, values, boot_value, lam: float):
     prod = torch.where(ones.triu(1), c[:, None, :], 1.0).cumprod(2) * ones.triu()  # zero below the diagonal
     vs = (prod @ deltas.unsqueeze(-1)).squeeze(-1) + values
     return vs, (rew + disc * torch.cat([vs[:, 1:], boot_value[:, None]], 1) - values) * mask
-
-
-def chunks(n: int, size: int = 65536) -> list[slice]:
-    """Row slices for no-grad passes over a whole batch (983,040 rows x draws at the fpo preset)."""
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 # ---------------------------------------------------------------- The update
@@ -487,9 +437,8 @@ UNROLL_KEYS = ("obs", "x", "t", "eps", "l_old", "rew", "disc", "trunc", "boot")
 
 
 def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
-    """(pg_loss, v_loss, ratio) of the minibatch ``idx`` of ``src`` (the batch plus ``w``). FPO
-    normalises the advantages per minibatch; FPO++ gets them normalised over the rollout, except
-    with ``--gae-unroll``, where they come from the current critic in this minibatch."""
+    """(pg_loss, v_loss, ratio) of minibatch ``idx`` of ``src``; advantages normalised per minibatch (FPO,
+    ``--gae-unroll``: from the current critic) or over the rollout (FPO++)."""
     b = {k: v[idx] for k, v in src.items()}
     if args.gae_unroll:
         values = state.critic(b["obs"])  # (m, k)
@@ -511,8 +460,7 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
 
 
 def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Tensor:
-    """Backward, global gradient-norm clip, optimiser step; returns the STAT_KEYS row as a (7,)
-    tensor. No host synchronisation: the same code runs eagerly and inside the CUDA graph."""
+    """Backward, gradient clip, optimiser step -> the STAT_KEYS row (7,); no host sync (eager = graphed)."""
     params = [p for g in state.optimizer.param_groups for p in g["params"]]
     state.optimizer.zero_grad(set_to_none=True)
     (pg_loss + args.vf_coef * v_loss).backward()
@@ -529,9 +477,8 @@ def uses_cuda_graph(state: State, args: Args) -> bool:
 
 
 def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
-    """``update_epochs`` x ``num_minibatches`` gradient steps on both losses. Statistics stay on the
-    device until the end; a non-finite loss or gradient raises :class:`NonFiniteLoss`. On CUDA each
-    step replays one captured graph (``--cuda-graph``) fed by the same ``torch.randperm`` calls."""
+    """``update_epochs`` x ``num_minibatches`` gradient steps (on CUDA: replays of one captured graph fed by
+    the same ``torch.randperm`` calls); a non-finite loss or gradient raises :class:`NonFiniteLoss`."""
     n = batch["obs"].shape[0]  # transitions, or unrolls with --gae-unroll
     mb, steps = n // args.num_minibatches, args.update_epochs * args.num_minibatches
     src = {k: batch[k] for k in (UNROLL_KEYS if args.gae_unroll else BATCH_KEYS)}
@@ -561,9 +508,8 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
 
 @torch.no_grad()
 def evaluate(state: State, envs, args: Args, init: str) -> float:
-    """Mean return of the first episode of each evaluation environment (seeds ``eval_seed + i``);
-    ``init`` zero starts the sampler at x0 = 0, random from a generator seeded with ``eval_seed``
-    (never the training RNG). Observation statistics are frozen; the EMA actor when there is one."""
+    """Mean first-episode return over the evaluation environments (seeds ``eval_seed + i``), frozen statistics,
+    the EMA actor if any; ``init`` zero: x0 = 0, random: x0 from a generator seeded with ``eval_seed``."""
     gen = torch.Generator(device="cpu").manual_seed(args.eval_seed)
     if hasattr(state.eval_sampler, "refresh"):
         state.eval_sampler.refresh()
@@ -602,14 +548,18 @@ def validate_args(args: Args) -> None:
 def build_state(args: Args, device: torch.device) -> State:
     """Environments, networks, optimiser and normalisers for ``args`` (seed torch first)."""
     envs = make_envs(args.env_id, args.num_envs, segment_seed(args.seed, 0), args.backend, device, args.env_threads, args.episode_length)
-    actor = FlowActor(envs.obs_dim, envs.act_dim, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale).to(device)
+    actor = FlowActor(envs.obs_dim, envs.act_dim, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale,
+                      args.time_embed_base).to(device)
     critic = Critic(envs.obs_dim, args.critic_hidden, args.critic_layers, args.critic_act).to(device)
+    for m in (m for net in (actor, critic) for m in net.modules() if isinstance(m, nn.Linear) and args.init == "lecun"):
+        nn.init.uniform_(m.weight, -math.sqrt(3.0 / m.in_features), math.sqrt(3.0 / m.in_features))
+        nn.init.zeros_(m.bias)
     # One optimiser over both networks (they share no parameters); the fused kernel does the step in one call.
     optimizer = torch.optim.AdamW(list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate,
                                   eps=args.adam_eps, weight_decay=args.weight_decay, fused=True)
     ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
     evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
-    state = State(envs, actor, critic, optimizer, RunningMeanStd((envs.obs_dim,), device) if args.norm_obs else None,
+    state = State(envs, actor, critic, optimizer, RunningMeanStd((envs.obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None,
                   RunningMeanStd((), device) if args.norm_reward else None, device,
                   actor.sample if device.type == "cuda" else NumpySampler(actor),
                   (GraphedSampler(evaluated) if graphs else evaluated.sample) if device.type == "cuda" else NumpySampler(evaluated),
@@ -631,8 +581,7 @@ def checkpoint_payload(state: State) -> dict:
 
 def load_checkpoint(ckpt, state: State) -> None:
     """Restore a checkpoint (a path or a loaded payload) into ``state``; a captured graph is dropped."""
-    if not isinstance(ckpt, dict):
-        ckpt = torch.load(ckpt, map_location="cpu", weights_only=False)
+    ckpt = ckpt if isinstance(ckpt, dict) else torch.load(ckpt, map_location="cpu", weights_only=False)
     state.graph = None
     for key in PARTS:
         if getattr(state, key) is not None and ckpt.get(key) is not None:
@@ -723,9 +672,8 @@ def main(args: Args) -> dict:
             t2 = time.perf_counter()
             state.update += 1
             if state.ema is not None:  # copy until the warm-up ends, then average
-                decay = args.actor_ema if state.update > args.ema_warmup else 0.0
                 for pe, pa in zip(state.ema.parameters(), state.actor.parameters()):
-                    pe.data.mul_(decay).add_(pa.data, alpha=1.0 - decay)
+                    pe.data.lerp_(pa.data, 1.0 - args.actor_ema if state.update > args.ema_warmup else 1.0)
             row = {"update": state.update, "global_step": state.global_step, "alpha": alpha,
                    "lr": state.optimizer.param_groups[0]["lr"], "sps": batch_size / (t2 - t0), "rollout_s": t1 - t0,
                    "update_s": t2 - t1, **{k: batch[k] for k in ("episodic_return", "episodic_length", "episodes",

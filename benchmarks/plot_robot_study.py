@@ -115,7 +115,7 @@ def load_run(folder: Path) -> dict | None:
     return {"run": folder.name, "task": args.get("env_id", "?"), "objective": objective, "backend": backend,
             "alpha": alpha, "seed": args.get("seed"), "updates_done": done, "updates_asked": asked, "status": status,
             "blocks_asked": asked * batch / bs, "evals": [{"update": u, "block": b, "return": v} for u, b, v in evals],
-            "peak": peak[2] if peak else None, "peak_block": peak[1] if peak else None,
+            "peak": peak[2] if peak else None, "peak_block": peak[1] if peak else None, "peak_update": peak[0] if peak else None,
             "final_eval": evals[-1][2] if evals else None, "events": events}
 
 
@@ -241,7 +241,7 @@ def main() -> None:
                "| run | alpha | seed | updates done / asked | status | peak | peak block | final eval | events |",
                "|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['run']} | {r['alpha']} | {r['seed']} | {r['updates_done']} / {r['updates_asked']} | {r['status']} "
-               f"| {fnum(r['peak'])} | {fnum(r['peak_block'])} | {fnum(r['final_eval'])} | {'; '.join(r['events']) or '-'} |"
+               f"| {fnum(r['peak'])} | {fnum(r['peak_block'])} (update {r['peak_update']}) | {fnum(r['final_eval'])} | {'; '.join(r['events']) or '-'} |"
                for r in rs]
         md += [f"| official {o['run']} | 1.0 | {o['seed']} | {'' if o['s_per_block'] else '>= '}{o['blocks']} blocks "
                f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "

@@ -77,6 +77,11 @@ def resolve_backend(env_id: str, backend: Backend) -> str:
     return "gymnasium"
 
 
+def segment_seed(seed: int, update: int) -> int:
+    """Environment seed of the segment starting at ``update`` (environment i gets this + i)."""
+    return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
+
+
 def make_envs(env_id: str, num_envs: int, seed: int, backend: Backend = "auto", device: str | torch.device = "cpu",
               threads: int = 0, episode_length: int = 1000):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
@@ -236,9 +241,13 @@ class GymnasiumVecEnv(_Base):
 class RunningMeanStd:
     """Running mean / variance (parallel update, as CleanRL's wrappers), float64 on the device.
     ``normalize`` gives ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` as float32; ``frozen``
-    statistics ignore ``update`` (evaluation, diagnostics)."""
+    statistics ignore ``update`` (evaluation, diagnostics). ``batch_var=True`` follows the official
+    FPO code's ``RunningStats``: the mean is a running mean, but the variance is the latest batch's
+    sum of ``(x - old mean)(x - new mean)`` over the total count (so it shrinks as the count grows),
+    clipped to [1e-12, 1e12], and ``normalize`` gives ``(x - mean) / sqrt(var)`` unclipped."""
 
-    def __init__(self, shape=(), device="cpu"):
+    def __init__(self, shape=(), device="cpu", batch_var: bool = False):
+        self.batch_var = batch_var
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)
@@ -250,6 +259,13 @@ class RunningMeanStd:
         if self.frozen:
             return
         x = x.double()
+        if self.batch_var:
+            tot = self.count + x.shape[0]
+            new_mean = self.mean + (x - self.mean).sum(0) / tot
+            self.var.copy_(((x - self.mean) * (x - new_mean)).sum(0).div(tot).clamp(1e-12, 1e12))
+            self.mean.copy_(new_mean)
+            self.count.copy_(tot)
+            return
         bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, tot = bm - self.mean, self.count + bc
         self.var.copy_((self.var * self.count + bv * bc + delta**2 * self.count * bc / tot) / tot)
@@ -257,6 +273,8 @@ class RunningMeanStd:
         self.count.copy_(tot)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_var:
+            return ((x.double() - self.mean) / torch.sqrt(self.var)).float()
         return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
 
     def state_dict(self) -> dict:

@@ -238,3 +238,26 @@ class GraphedSampler:
         self.x0.copy_(x0)
         self.graph.replay()
         return self.out.clone()
+
+
+def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
+    """Rows (T * n, ...) in time-major order -> (n * T / k, k, ...): unrolls of k steps of one environment."""
+    a = a.reshape(T // k, k, -1, *a.shape[1:])
+    return a.movedim(2, 0).reshape(-1, k, *a.shape[3:])
+
+
+def chunks(n: int, size: int = 65536) -> list[slice]:
+    """Row slices for no-grad passes over a whole batch (983,040 rows x draws at the fpo preset)."""
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+ENV_OUT = ("obs_in", "rew_in", "term_in", "trunc_in", "final_in", "ep_ret_in", "ep_len_in")  # step()'s outputs, copied
+
+
+def rollout_tensors(n: int, T: int, o: int, d: int, dev) -> dict:
+    """The fixed tensors of a rollout of T steps of n environments (obs o, action d), for robot_fpo.py."""
+    z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
+    return {"obs": z(T, n, o), "final": z(T, n, o), "x": z(T, n, d), "rew": z(T, n), "term": z(T, n), "trunc": z(T, n),
+            "noise": z(T, n, d), "act_noise": z(T, n, d), "action": z(n, d), "ret_acc": z(n, dtype=torch.float64),
+            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "obs_in": z(n, o), "final_in": z(n, o),
+            **{key: z(n) for key in ENV_OUT[1:] if key != "final_in"}}

@@ -673,3 +673,61 @@ def test_graphed_rollout_matches_eager_rollout_on_gpu(tmp_path, objective, gae_u
     for e, g in ((rms_e, rms_g), (ret_e, ret_g)):
         for key in e:
             torch.testing.assert_close(g[key], e[key], rtol=1e-9, atol=1e-9)
+
+
+def test_batch_var_statistics_follow_the_official_running_stats():
+    # The official FPO RunningStats: running mean, variance = this batch's sum of
+    # (x - old mean)(x - new mean) over the total count, clipped; normalise without a clip.
+    from fpo_utils.envs import RunningMeanStd
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(2.0, 3.0, (50, 3)), rng.normal(-1.0, 0.5, (30, 3))
+    rms = RunningMeanStd((3,), "cpu", batch_var=True)
+    count, mean = 1e-4, np.zeros(3)
+    for x in (a, b):
+        rms.update(torch.as_tensor(x))
+        new_count = count + len(x)
+        new_mean = mean + (x - mean).sum(0) / new_count
+        var = np.clip(((x - mean) * (x - new_mean)).sum(0) / new_count, 1e-12, 1e12)
+        count, mean = new_count, new_mean
+    np.testing.assert_allclose(rms.mean.numpy(), mean, rtol=1e-12)
+    np.testing.assert_allclose(rms.var.numpy(), var, rtol=1e-12)
+    twice = RunningMeanStd((3,), "cpu", batch_var=True)
+    twice.update(torch.as_tensor(a))
+    first = twice.var.clone()
+    twice.update(torch.as_tensor(a))  # the same batch again: same mean, half the variance (count 2n)
+    torch.testing.assert_close(twice.var, first / 2, rtol=1e-5, atol=0)
+    big = torch.full((1, 3), 1e6, dtype=torch.float64)
+    np.testing.assert_allclose(rms.normalize(big).numpy(), ((1e6 - mean) / np.sqrt(var))[None].astype(np.float32), rtol=1e-6)
+
+
+def test_obs_stats_per_update_renormalises_the_batch(tmp_path):
+    args = tiny_args(tmp_path, obs_stats="update", gae_unroll=8)
+    torch.manual_seed(0)
+    state = R.build_state(args, torch.device("cpu"))
+    R.reset_envs(state, args.seed)
+    assert state.obs_rms.batch_var
+    batch = R.collect_rollout(state, args)
+    n_rows = args.num_envs * args.num_steps
+    assert float(state.obs_rms.count) == pytest.approx(n_rows + 1e-4)  # one update, from this rollout
+    obs = batch["obs"].reshape(n_rows, -1)  # unrolls of 8 steps: the rows in another order
+    torch.testing.assert_close(obs.mean(0), torch.zeros(obs.shape[1]), atol=1e-4, rtol=0)  # first rollout: its own mean
+    # the first rollout sampled with mean 0, std 1 (raw observations); l_old belongs to those
+    again = R.draw_losses(state.actor, batch["obs"][:2, 0], batch["x"][:2, 0], batch["t"][:2, 0], batch["eps"][:2, 0], "fpo")
+    assert not torch.allclose(again, batch["l_old"][:2, 0])
+    summary = R.main(replace(args, num_updates=2, run_name="e2e"))
+    assert summary["status"] == "finished"
+
+
+def test_lecun_init_and_time_embedding_base(tmp_path):
+    args = tiny_args(tmp_path, init="lecun", time_embed_base=1.0)
+    state = R.build_state(args, torch.device("cpu"))
+    for net in (state.actor, state.critic):
+        for m in net.modules():
+            if isinstance(m, torch.nn.Linear):
+                bound = math.sqrt(3.0 / m.in_features)
+                assert float(m.weight.abs().max()) <= bound and float(m.weight.abs().max()) > 0.8 * bound
+                assert float(m.bias.abs().max()) == 0.0
+    torch.testing.assert_close(state.actor.freqs, 2.0 ** torch.arange(4, dtype=torch.float32))
+    default = R.build_state(tiny_args(tmp_path), torch.device("cpu"))
+    torch.testing.assert_close(default.actor.freqs, math.pi * 2.0 ** torch.arange(4, dtype=torch.float32))

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything robot_fpo.py's GPU benchmarks need on a machine that has PyTorch and JAX with CUDA but
+# no package index, in one folder to carry there (~33 MB for CPython 3.12, x86-64):
+#   DIR/whl/               tyro and its small dependencies (wheels)
+#   DIR/pg/site_*.tar.xz   Playground for this project and for the official FPO peer (playground_bundle.sh)
+#   DIR/envpool.tar.gz     envpool with only its MuJoCo families (gymnasium MuJoCo + DM Control), ~22 MB
+#   DIR/peers/             the official FPO peer and its runner, if PEERS (a folder like ../shared/peers) is given
+# There, from the repository root:  source benchmarks/gpu_setup.sh DIR   (sets OURS, PEERPATH)
+# Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer)
+set -euo pipefail
+out=$(realpath -m "${1:?usage: gpu_bundle.sh DIR [PYTHON_VERSION]}"); py=${2:-3.12}
+here=$(cd "$(dirname "$0")" && pwd)
+plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
+get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp $plat -d "$@"; }
+mkdir -p "$out/whl"
+get "$out/whl" tyro docstring-parser typeguard shtab
+bash "$here/playground_bundle.sh" "$out/pg" "$py"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+get "$tmp/whl" envpool==1.2.5 envpool-assets==0.3.0 dm-env optree gymnasium farama-notifications cloudpickle absl-py \
+  dm-tree attrs wrapt typing-extensions
+python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp $plat \
+  --target "$tmp/envpool_bundle" "$tmp"/whl/*.whl
+(cd "$tmp/envpool_bundle" &&
+ find envpool -name '*.so' ! -name 'mujoco_dmc_envpool*.so' ! -name 'mujoco_gym_envpool*.so' -delete &&
+ find envpool_assets -mindepth 1 -maxdepth 1 -type d ! -name mujoco -exec rm -rf {} + &&
+ find envpool_assets/mujoco -mindepth 1 -maxdepth 1 -type d ! -name assets_dmc ! -name assets_gym -exec rm -rf {} + &&
+ python3 -c "
+import re; p = 'envpool/entry.py'; s = open(p).read()  # register only the MuJoCo families that are left
+open(p, 'w').write(re.sub(r'^import envpool\.(?!mujoco\.dmc\.|mujoco\.gym\.)\S+\.registration.*$', '', s, flags=re.M))")
+tar czf "$out/envpool.tar.gz" -C "$tmp" envpool_bundle
+if [ -n "${PEERS:-}" ]; then rm -rf "$out/peers" && cp -r "$PEERS" "$out/peers" && rm -rf "$out/peers/fpo_playground/.git"; fi
+du -sh "$out"
