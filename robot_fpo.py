@@ -44,7 +44,7 @@ class Args:
     minibatch of 1,024 unrolls x 30 steps with the current critic (brax's form). Still different: the
     time embedding reads t (official: 1 - t); an unroll bootstraps from the observation before a reset.
     ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage
-    clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1, evaluation by an actor EMA .95 after 500 updates)."""
+    clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
 
     preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
     runs_dir: str = "runs"  # parent folder of the run folders
