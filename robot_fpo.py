@@ -42,7 +42,7 @@ class Args:
     observation statistics once per update (its RunningStats, unclipped), x stored unclamped and tanh(x)
     sent on, 8 draws averaged before the exponential, value loss 0.25 MSE, and GAE recomputed in each
     minibatch of 1,024 unrolls x 30 steps with the current critic (brax's form). Still different: the
-    time embedding reads t (official: 1 - t); an unroll bootstraps from the observation before a reset.
+    embedding reads t (official: 1 - t); checkpoints restart all environments (official: never).
     ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage
     clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
 
