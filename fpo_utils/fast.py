@@ -201,10 +201,8 @@ class GraphedCall:
             for t, v in zip(tensors, saved):
                 t.copy_(v)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph):  # recorded, not run
                 self.fn()
-            for t, v in zip(tensors, saved):  # the capture itself does not run the kernels, but be exact
-                t.copy_(v)
             self.graph = graph
         self.graph.replay()
 
