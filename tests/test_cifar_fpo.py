@@ -344,16 +344,7 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
     run_script([*flags, "--run-name", "straight"], cwd=tmp_path)
     straight = strip_times(read_jsonl(tmp_path / "runs/straight/metrics.jsonl"))
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", "killed"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = tmp_path / "runs/killed/metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and any(r.get("kind") == "update" and r["update"] >= 3 for r in read_jsonl_safe(log)):
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
+    proc = signal_run_at(flags, "killed", tmp_path, signal.SIGKILL, 3, subprocess.DEVNULL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     run_script([*flags, "--run-name", "killed", "--resume"], cwd=tmp_path)
@@ -364,15 +355,7 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
     assert a["validation"] == b["validation"] and b["status"] == "finished"
 
     # Ctrl-C: the finished updates are checkpointed, summary says interrupted, exit 130, resume is exact
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", "int"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / "runs/int/metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and any(r.get("kind") == "update" and r["update"] >= 2 for r in read_jsonl_safe(log)):
-            proc.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.02)
+    proc = signal_run_at(flags, "int", tmp_path, signal.SIGINT, 2, subprocess.PIPE)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     c = json.loads((tmp_path / "runs/int/summary.json").read_text())
@@ -380,6 +363,20 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
     assert torch.load(tmp_path / "runs/int/checkpoints/last.pt", weights_only=False)["k"] == c["updates_done"]
     run_script([*flags, "--run-name", "int", "--resume"], cwd=tmp_path)
     assert strip_times(read_jsonl(tmp_path / "runs/int/metrics.jsonl")) == straight
+
+
+def signal_run_at(flags, name, cwd, sig, update, stderr):
+    """Start cifar_fpo.py as run ``name`` and send it ``sig`` once its log shows ``update`` finished updates."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", name],
+                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    log, deadline = cwd / f"runs/{name}/metrics.jsonl", time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and any(r.get("kind") == "update" and r["update"] >= update for r in read_jsonl_safe(log)):
+            proc.send_signal(sig)
+            break
+        time.sleep(0.02)
+    return proc
 
 
 def read_jsonl_safe(path):
