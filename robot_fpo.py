@@ -1,13 +1,12 @@
 """FPO and FPO++ flow policies trained from scratch on MuJoCo / DeepMind Control tasks.
 
-A CleanRL-style trainer (compare ``ppo_continuous_action.py``): a flow policy (MLP on the normalised
-observation, the noisy action and a time embedding; Euler sampling), a critic, GAE, vectorised
-environments (envpool, gymnasium or MuJoCo Playground: fpo_utils/envs.py). ``--objective fpo``
-(eq:fpo-objective): weights INSIDE the exponent; ``--objective fpopp`` (eq:fpopp-objective): per-draw
-ratios, weights AFTER the exponential. ``t = 0`` noise, ``t = 1`` action, ``x_t = (1 - t) eps + t x``,
-``u = x - eps``; x is stored, the environment gets tanh(x) (or x clipped). Every checkpoint restarts
-all environments from seeds of (seed, update), so ``--resume`` is exact (CPU); Ctrl-C stops there.
-Results and tuning history: benchmarks/robot_results/README.md.
+A CleanRL-style trainer (compare ``ppo_continuous_action.py``): a flow policy (MLP on the normalised observation,
+the noisy action and a time embedding; Euler sampling), a critic, GAE, vectorised environments (envpool, gymnasium
+or MuJoCo Playground: fpo_utils/envs.py). ``--objective fpo`` (eq:fpo-objective): weights INSIDE the exponent;
+``--objective fpopp`` (eq:fpopp-objective): per-draw ratios, weights AFTER the exponential. ``t = 0`` noise, ``t = 1``
+action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``; x is stored, the environment gets tanh(x) (or x clipped). Every
+checkpoint restarts all environments from seeds of (seed, update), so ``--resume`` is exact (CPU); Ctrl-C stops
+there. Results and tuning history: benchmarks/robot_results/README.md.
 
     python robot_fpo.py --env-id CartpoleSwingup-v1 --objective fpopp --alpha 0.5
     python robot_fpo.py --preset fpo --env-id WalkerRun-v1 --alpha-eps 0.5
@@ -26,8 +25,8 @@ import torch
 import torch.nn as nn
 
 from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend, segment_seed
-from fpo_utils.fast import ENV_OUT, GraphedCall, GraphedSampler, GraphedStep, NumpySampler, chunks, rollout_tensors, unrolls
-from fpo_utils.runfolder import RunError, RunFolder, cli
+from fpo_utils.fast import ENV_OUT, GraphedCall, GraphedStep, chunks, fused_forward, pick_sampler, rollout_tensors, unrolls
+from fpo_utils.runfolder import NonFiniteLoss, RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
 FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
@@ -35,16 +34,15 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    """Flags; ``--preset``: ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO,
-    app:robotics: one update = one block of 983,040 steps), ``fpopp`` (official FPO++). Where the paper
-    is silent, ``fpo`` does what the official FPO code (akanazawa/fpo ``playground/``) does: Adam (eps
-    1e-8, constant lr), rewards x 10 unnormalised, SiLU, lecun-uniform init, time embedding 2^k,
-    observation statistics once per update (its RunningStats, unclipped), x stored unclamped and tanh(x)
-    sent on, 8 draws averaged before the exponential, value loss 0.25 MSE, and GAE recomputed in each
-    minibatch of 1,024 unrolls x 30 steps with the current critic (brax's form). Still different: the
-    embedding reads t (official: 1 - t); checkpoints restart all environments (official: never).
-    ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage
-    clamp 100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
+    """Flags; ``--preset``: ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO, app:robotics:
+    one update = one block of 983,040 steps), ``fpopp`` (official FPO++). Where the paper is silent, ``fpo`` does what
+    the official FPO code (akanazawa/fpo ``playground/``) does: Adam (eps 1e-8, constant lr), rewards x 10
+    unnormalised, SiLU, lecun-uniform init, time embedding 2^k, observation statistics once per update (its
+    RunningStats, unclipped), x stored unclamped and tanh(x) sent on, 8 draws averaged before the exponential, value
+    loss 0.25 MSE, and GAE recomputed in each minibatch of 1,024 unrolls x 30 steps with the current critic (brax's
+    form). Still different: the embedding reads t (official: 1 - t); checkpoints restart all environments (official:
+    never). ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage clamp
+    100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
 
     preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
     runs_dir: str = "runs"  # parent folder of the run folders
@@ -55,6 +53,8 @@ class Args:
     cuda: bool = True  # use the GPU for the networks when one is present
     cuda_graph: bool = True  # on CUDA, replay each rollout step's torch work and each minibatch step as captured graphs
     tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
+    compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (on in the fpo preset)
+    fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo_utils/flow_triton.py; fpo preset)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -141,7 +141,7 @@ PRESETS = {
         total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
         norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
         critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128, gae_unroll=30,
-        obs_stats="update", init="lecun", time_embed_base=1.0,
+        obs_stats="update", init="lecun", time_embed_base=1.0, compile=True, fused=True,
     ),
     "fpopp": Args(
         preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
@@ -151,7 +151,7 @@ PRESETS = {
     ),
 }
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
-MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "tf32", "torch_threads",
+MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "tf32", "torch_threads",
               "env_threads", "keep_checkpoints", "runs_dir")
 
 
@@ -175,12 +175,14 @@ class FlowActor(nn.Module):
         super().__init__()
         if embed_dim % 2:
             raise ValueError(f"time_embed_dim={embed_dim} must be even")
-        self.act_dim, self.output_scale = act_dim, output_scale
+        self.act_dim, self.output_scale, self.fast_forward = act_dim, output_scale, None  # fast_forward: set in build_state
         self.register_buffer("freqs", embed_base * 2.0 ** torch.arange(embed_dim // 2, dtype=torch.float32))
         self.net = mlp(obs_dim + act_dim + embed_dim, hidden, layers, act_dim)
 
     def forward(self, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """obs (..., o), x_t (..., d), t (...) -> velocity (..., d); obs may broadcast against x_t."""
+        if self.fast_forward is not None:  # the same function as fused Triton kernels (--fused, CUDA)
+            return self.fast_forward(self, obs, x_t, t)
         ang, first, o, d = t.unsqueeze(-1) * self.freqs, self.net[0], obs.shape[-1], self.act_dim
         w = first.weight
         h = nn.functional.linear(obs, w[:, :o]) + nn.functional.linear(x_t, w[:, o : o + d])
@@ -302,8 +304,8 @@ class State:
     obs_rms: RunningMeanStd | None
     ret_rms: RunningMeanStd | None
     device: torch.device
-    sampler: object  # (obs, x0, steps) -> x in the rollout: NumpySampler on CPU, actor.sample on GPU
-    eval_sampler: object  # the same for the evaluated actor (the EMA copy if any); GraphedSampler on GPU
+    sampler: object  # (obs, x0, steps) -> x in the rollout (fpo_utils.fast.pick_sampler)
+    eval_sampler: object  # the same for the evaluated actor (the EMA copy if any)
     roll: dict  # the rollout's tensors (buffers, the environment's outputs, step counter ``k``), fixed addresses
     act: object  # () -> None: rollout step k before the environment (policy_half, graphed on CUDA)
     record: object  # () -> None: rollout step k after the environment (record_half, graphed on CUDA)
@@ -427,10 +429,6 @@ def unroll_gae(rew, disc, trunc, values, boot_value, lam: float):
 
 
 # ---------------------------------------------------------------- The update
-class NonFiniteLoss(RuntimeError):
-    """Raised when an update produces a non-finite loss or gradient."""
-
-
 STAT_KEYS = ("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm")
 BATCH_KEYS = ("obs", "x", "t", "eps", "l_old", "adv", "returns")
 UNROLL_KEYS = ("obs", "x", "t", "eps", "l_old", "rew", "disc", "trunc", "boot")
@@ -488,7 +486,9 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
     if uses_cuda_graph(state, args):
         key = (n, steps, mb)
         if state.graph is None or state.graph.key != key:
-            step_fn = lambda s, idx: gradient_step(state, *minibatch_losses(state, s, idx, args), args)  # noqa: E731
+            losses = lambda s, idx: minibatch_losses(state, s, idx, args)  # noqa: E731
+            losses = torch.compile(losses, dynamic=False) if args.compile else losses  # fused kernels, then captured
+            step_fn = lambda s, idx: gradient_step(state, *losses(s, idx), args)  # noqa: E731
             state.graph = GraphedStep(step_fn, src, steps, mb, len(STAT_KEYS), state.optimizer, key)
         table = state.graph.run(src, [torch.randperm(n, device=state.device) for _ in range(args.update_epochs)])
     else:
@@ -557,12 +557,12 @@ def build_state(args: Args, device: torch.device) -> State:
     # One optimiser over both networks (they share no parameters); the fused kernel does the step in one call.
     optimizer = torch.optim.AdamW(list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate,
                                   eps=args.adam_eps, weight_decay=args.weight_decay, fused=True)
+    actor.fast_forward = fused_forward(actor, args.fused and device.type == "cuda")  # the EMA copy keeps it
     ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
     evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
     state = State(envs, actor, critic, optimizer, RunningMeanStd((envs.obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None,
                   RunningMeanStd((), device) if args.norm_reward else None, device,
-                  actor.sample if device.type == "cuda" else NumpySampler(actor),
-                  (GraphedSampler(evaluated) if graphs else evaluated.sample) if device.type == "cuda" else NumpySampler(evaluated),
+                  pick_sampler(actor, device, graphs, True, args.fused), pick_sampler(evaluated, device, graphs, False, args.fused),
                   rollout_tensors(args.num_envs, args.num_steps, envs.obs_dim, envs.act_dim, device), None, None, ema)
     state.act, state.record = lambda: policy_half(state, args), lambda: record_half(state, args)  # noqa: E731
     if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched

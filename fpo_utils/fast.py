@@ -238,6 +238,41 @@ class GraphedSampler:
         return self.out.clone()
 
 
+def fused_supported(actor: nn.Module) -> bool:
+    """Whether the fused Triton kernels of ``fpo_utils.flow_triton`` take this flow actor: Triton is
+    installed, SiLU activations, at least one hidden layer, one power-of-two width from 16 to 128."""
+    import importlib.util
+
+    lin = [m for m in actor.net if isinstance(m, nn.Linear)]
+    h = lin[0].out_features
+    return (importlib.util.find_spec("triton") is not None and len(lin) >= 3 and 16 <= h <= 128 and h & (h - 1) == 0
+            and all(isinstance(m, nn.SiLU) for m in actor.net if not isinstance(m, nn.Linear))
+            and all(m.in_features == m.out_features == h for m in lin[1:-1]))
+
+
+def fused_forward(actor: nn.Module, wanted: bool):
+    """``flow_triton.actor_forward`` (``(actor, obs, x_t, t) -> v``) if ``wanted`` and the actor is
+    supported, else None (the actor's own forward)."""
+    if not (wanted and fused_supported(actor)):
+        return None
+    from fpo_utils.flow_triton import actor_forward
+
+    return actor_forward
+
+
+def pick_sampler(actor: nn.Module, device: torch.device, graphs: bool, in_graph: bool, fused: bool = True):
+    """The Euler sampler ``(obs, x0, steps) -> x`` for ``actor``, chosen once: :class:`NumpySampler` on
+    the CPU; on CUDA the Triton ``FusedSampler`` if ``fused`` and it applies, else ``actor.sample``
+    inside a captured rollout step (``in_graph``) or :class:`GraphedSampler` on its own (with graphs)."""
+    if device.type != "cuda":
+        return NumpySampler(actor)
+    if fused and fused_supported(actor):
+        from fpo_utils.flow_triton import FusedSampler
+
+        return FusedSampler(actor)
+    return GraphedSampler(actor) if graphs and not in_graph else actor.sample
+
+
 def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
     """Rows (T * n, ...) in time-major order -> (n * T / k, k, ...): unrolls of k steps of one environment."""
     a = a.reshape(T // k, k, -1, *a.shape[1:])

@@ -65,6 +65,10 @@ class RunError(Exception):
         self.code = code
 
 
+class NonFiniteLoss(RuntimeError):
+    """Raised by a trainer's update when a loss or gradient is not finite (the run ends with status ``nonfinite``)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Strict JSON and atomic files
 # ---------------------------------------------------------------------------------------------

@@ -430,9 +430,11 @@ def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the CUDA-graph update with the eager one)")
-@pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
-def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective, gae_unroll):
-    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5, gae_unroll=gae_unroll)
+@pytest.mark.parametrize("objective,gae_unroll,compile", [("fpo", 0, False), ("fpopp", 0, False), ("fpo", 8, False), ("fpo", 8, True),
+                                                          ("fpopp", 0, True)])
+def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective, gae_unroll, compile):
+    # Both sides use the fused flow MLP (--fused); the graphed side optionally compiles its losses.
+    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5, gae_unroll=gae_unroll, compile=compile, fused=True)
     dev = torch.device("cuda")
     a, b, batch = two_states(args, dev)
     eager, graphed = replace(args, cuda_graph=False), replace(args, cuda_graph=True)
@@ -646,7 +648,8 @@ def test_graphed_sampler_matches_eager_sampler_on_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured rollout steps with eager ones)")
 @pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
 def test_graphed_rollout_matches_eager_rollout_on_gpu(tmp_path, objective, gae_unroll):
-    args = tiny_args(tmp_path, objective=objective, cuda=True, gae_unroll=gae_unroll, action_bound=1.5)
+    # The eager sampler in both (the fused one is compared with it in test_flow_triton.py).
+    args = tiny_args(tmp_path, objective=objective, cuda=True, gae_unroll=gae_unroll, action_bound=1.5, fused=False)
     out = []
     for graph in (False, True):
         a = replace(args, cuda_graph=graph)

@@ -1,0 +1,260 @@
+"""The fpo preset's two GPU hot spots without environments, on synthetic batches of a task's shapes.
+
+- update: one update of the `fpo` preset (16 epochs x 32 minibatches of 1,024 unrolls x 30 steps x
+  8 draws), replayed as one captured minibatch step, with the losses eager or `torch.compile`d
+  inside the graph (`--compile`); seconds per update (median of `--repeats`), the first update
+  (capture, compilation) apart, and a profile of the minibatch step's kernels;
+- sampler: the rollout's Euler sampler for 2,048 environments (10 steps of the 4 x 32 MLP): eager
+  `actor.sample`, the same captured as a CUDA graph, and the fused Triton kernel (`FusedSampler`)
+  called directly and captured; microseconds per call, and each one's error against float64.
+
+    python benchmarks/bench_robot_update.py --tasks AcrobotSwingup:6:1 WalkerRun:24:6 --out $OUT/update
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import robot_fpo as R  # noqa: E402
+from fpo_utils.fast import GraphedSampler, fused_forward  # noqa: E402
+from fpo_utils.flow_triton import FusedSampler  # noqa: E402
+
+
+def make_state(args: R.Args, o: int, d: int, dev) -> R.State:
+    actor = R.FlowActor(o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base).to(dev)
+    actor.fast_forward = fused_forward(actor, args.fused)
+    critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
+    opt = torch.optim.AdamW([*actor.parameters(), *critic.parameters()], lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0, fused=True)
+    return R.State(None, actor, critic, opt, None, None, dev, None, None, {}, None, None)
+
+
+def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
+    n, k, m = args.num_envs * args.num_steps // args.gae_unroll, args.gae_unroll, args.num_draws
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=dev, generator=g)  # noqa: E731
+    obs, x = r(n, k, o), r(n, k, d)
+    t = torch.randint(0, R.FPO_GRID_SIZE, (n, k, m), device=dev, generator=g).float() / R.FPO_GRID_SIZE
+    eps = r(n, k, m, d)
+    with torch.no_grad():
+        l_old = torch.cat([R.draw_losses(state.actor, obs[s].flatten(0, 1), x[s].flatten(0, 1), t[s].flatten(0, 1), eps[s].flatten(0, 1), "fpo")
+                           .view(-1, k, m) for s in R.chunks(n, 2048)])
+    flag = lambda p: (torch.rand(n, k, device=dev, generator=g) < p).float()  # noqa: E731
+    return {"obs": obs, "x": x, "t": t, "eps": eps, "l_old": l_old, "rew": r(n, k), "disc": args.gamma * (1 - flag(1e-3)),
+            "trunc": flag(1e-3), "boot": r(n, o)}
+
+
+def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    state = make_state(args, o, d, dev)
+    batch = make_batch(state, args, o, d, dev)
+    t0 = time.perf_counter()
+    R.update(state, batch, args, 1.0)  # capture (and compilation) happen here
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        stats = R.update(state, batch, args, 1.0)  # ends with the update's one host read
+        times.append(time.perf_counter() - t0)
+    steps = args.update_epochs * args.num_minibatches
+    return {"compile": args.compile, "fused": args.fused, "update_s": statistics.median(times), "all_s": times, "first_s": first,
+            "ms_per_minibatch": 1e3 * statistics.median(times) / steps, "pg_loss": stats["pg_loss"], "v_loss": stats["v_loss"]}
+
+
+def profile_step(args: R.Args, o: int, d: int, path: Path) -> None:
+    """Kernel table of 5 minibatch steps run outside any graph (eager or compiled losses)."""
+    dev = torch.device("cuda")
+    state = make_state(args, o, d, dev)
+    batch = make_batch(state, args, o, d, dev)
+    src = {k: batch[k] for k in R.UNROLL_KEYS}
+    src["w"] = R.draw_weights(batch["t"], args, 1.0)
+    losses = lambda s, idx: R.minibatch_losses(state, s, idx, args)  # noqa: E731
+    losses = torch.compile(losses, dynamic=False) if args.compile else losses
+    n, mb = src["obs"].shape[0], src["obs"].shape[0] // args.num_minibatches
+    for _ in range(3):
+        R.gradient_step(state, *losses(src, torch.randperm(n, device=dev)[:mb]), args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            R.gradient_step(state, *losses(src, torch.randperm(n, device=dev)[:mb]), args)
+        torch.cuda.synchronize()
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+
+
+def time_samplers(args: R.Args, o: int, d: int, n: int, calls: int = 200) -> dict:
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    actor = R.FlowActor(o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base).to(dev)
+    obs, x0 = torch.randn(n, o, device=dev), torch.randn(n, d, device=dev)
+    ref = actor.double().sample(obs.double(), x0.double(), args.flow_steps)
+    actor.float()
+    fused = FusedSampler(actor)
+    actor.fast_forward = None
+
+    def captured(fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return lambda: (graph.replay(), out)[1]
+
+    graphed = GraphedSampler(actor)
+    variants = {"eager": lambda: actor.sample(obs, x0, args.flow_steps), "graphed": lambda: graphed(obs, x0, args.flow_steps),
+                "fused": lambda: fused(obs, x0, args.flow_steps)}
+    variants["fused_graphed"] = captured(variants["fused"])
+    out = {}
+    for name, fn in variants.items():
+        for _ in range(5):
+            y = fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(calls):
+            y = fn()
+        end.record()
+        torch.cuda.synchronize()
+        host = (time.perf_counter() - t0) / calls
+        err = float((y.double() - ref).norm() / ref.norm())
+        out[name] = {"us_per_call": 1e6 * start.elapsed_time(end) / 1e3 / calls, "host_us_per_call": 1e6 * host, "rel_err_vs_float64": err}
+    return out
+
+
+def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = False) -> dict:
+    """One block's rollout (480 steps of 2,048 Playground environments) in the trainer, with its parts
+    timed apart: the environment alone, the two captured halves alone, and the whole, for the fused and
+    the eager sampler inside the captured policy half; then again after one compiled update."""
+    from fpo_utils.fast import GraphedCall, pick_sampler
+
+    args = replace(R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    state = R.build_state(args, dev)
+    R.reset_envs(state, 0)
+    r, T, out = state.roll, args.num_steps, {}
+
+    def clock(fn, n=repeats):
+        ts = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+        return round(statistics.median(ts), 4)
+
+    def env_only():
+        for _ in range(T):
+            state.envs.step(r["action"])
+
+    def halves_only():
+        r["k"].zero_()
+        for _ in range(T):
+            state.act()
+            state.record()
+
+    for name in ("fused", "eager")[: 1 if quick else 2]:
+        if name == "eager":
+            state.sampler = pick_sampler(state.actor, dev, False, in_graph=True)  # actor.sample
+            state.act = GraphedCall(lambda: R.policy_half(state, args), state.act.touched)
+        out[f"env_only_s_{name}"] = clock(env_only)
+        out[f"halves_only_s_{name}"] = clock(halves_only)
+        out[f"rollout_s_{name}"] = clock(lambda: R.collect_rollout(state, args))
+    if quick:
+        out.update(rollout_timeline(state, args))
+        return out
+    batch = R.collect_rollout(state, args)
+    R.update(state, batch, args, 1.0)
+    out["update_s_first"] = clock(lambda: R.update(state, batch, args, 1.0), 1)
+    out["update_s"] = clock(lambda: R.update(state, batch, args, 1.0))
+    out["rollout_s_eager_after_update"] = clock(lambda: R.collect_rollout(state, args))
+    out["env_only_s_after_update"] = clock(env_only)
+    return out
+
+
+def rollout_timeline(state: R.State, args: R.Args) -> dict:
+    """One rollout under the profiler: wall time, the time the GPU runs any kernel (union of kernel
+    intervals, XLA's and torch's), torch's own kernel time, and the ten longest idle gaps."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        R.collect_rollout(state, args)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    ev = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start), key=lambda x: x[0])
+    busy, gaps, cur_s, cur_e = 0.0, [], None, None
+    for s_, e_, _ in ev:
+        if cur_e is None or s_ > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+                gaps.append(s_ - cur_e)
+            cur_s, cur_e = s_, e_
+        else:
+            cur_e = max(cur_e, e_)
+    busy += (cur_e - cur_s) if cur_e is not None else 0.0
+    torch_like = ("triton_", "_euler", "_mlp", "void at::", "at::", "Memcpy", "Memset", "void cutlass", "sm90", "sm80", "cublas", "std::")
+    ours = sum(e_ - s_ for s_, e_, n in ev if n.startswith(torch_like))
+    span = (ev[-1][1] - ev[0][0]) if ev else 0.0
+    per_name: dict = {}
+    for s_, e_, n in ev:
+        per_name[n[:60]] = per_name.get(n[:60], 0.0) + e_ - s_
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"profiled_wall_s": round(wall, 4), "kernel_span_s": round(span / 1e6, 4), "gpu_busy_s": round(busy / 1e6, 4),
+            "torch_kernel_s": round(ours / 1e6, 4), "kernels": len(ev), "idle_gaps_s": round(sum(gaps) / 1e6, 4),
+            "largest_gaps_us": [round(g, 1) for g in sorted(gaps)[-10:]], "top_kernels_ms": [(n, round(v / 1e3, 1)) for n, v in top]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="+", default=["AcrobotSwingup:6:1", "WalkerRun:24:6"], help="NAME:obs_dim:act_dim")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip", nargs="*", default=[], help="parts to leave out: update, profile, sampler")
+    p.add_argument("--rollout", nargs="*", default=[], help="Playground tasks whose in-trainer rollout to time (needs playground)")
+    p.add_argument("--rollout-quick", action="store_true", help="only the fused sampler's timings, no update")
+    p.add_argument("--rollout-no-compile", action="store_true", help="the update between the rollout timings without torch.compile")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode for the compiled update (default: torch's)")
+    p.add_argument("--out", type=Path, default=Path("bench_update"))
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.compile_mode:
+        import functools
+        R.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    base = R.PRESETS["fpo"]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
+    for task in a.rollout:
+        result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)
+        print(task, "rollout", json.dumps(result[f"rollout_{task}"]), flush=True)
+    for spec in a.tasks:
+        name, o, d = spec.split(":")
+        o, d = int(o), int(d)
+        res = result["tasks"][name] = {}
+        if "sampler" not in a.skip:
+            res["sampler"] = time_samplers(base, o, d, base.num_envs)
+            print(name, "sampler", json.dumps(res["sampler"]), flush=True)
+        for comp, fused in ((False, False), (True, False), (False, True), (True, True)) if not a.compile_mode else ((True, True),):
+            args, key = replace(base, compile=comp, fused=fused), f"compile_{comp}_fused_{fused}"
+            if "update" not in a.skip:
+                res[f"update_{key}"] = time_update(args, o, d, a.repeats)
+                print(name, "update", json.dumps(res[f"update_{key}"]), flush=True)
+            if "profile" not in a.skip and comp and fused:
+                profile_step(args, o, d, a.out / f"profile_{name}_{key}.txt")
+        (a.out / "update.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
