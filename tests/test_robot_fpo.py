@@ -472,6 +472,7 @@ def test_presets_resolve_and_args_json_records_every_value(tmp_path):
     assert fpo.num_envs * fpo.num_steps // fpo.num_minibatches == 30_720
     assert (fpo.update_epochs, fpo.learning_rate, fpo.gamma, fpo.reward_scale, fpo.max_grad_norm, fpo.seed) == (16, 3e-4, 0.995, 10.0, 0.0, 4)
     assert fpo.total_timesteps // (fpo.num_envs * fpo.num_steps) == 61 and fpo.eval_episodes == 128
+    assert fpo.compile and fpo.fused and not (R.Args().compile or R.Args().fused)  # GPU fast paths: fpo preset only
     fpopp = R.PRESETS["fpopp"]
     assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == ("fpopp", 1e-4, 1e-4, 16, 64)
     assert (fpopp.update_epochs, fpopp.num_minibatches, fpopp.gamma, fpopp.vf_coef, fpopp.max_grad_norm, fpopp.actor_ema) == (16, 4, 0.99, 1.0, 1.0, 0.95)
