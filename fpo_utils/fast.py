@@ -239,13 +239,16 @@ class GraphedSampler:
 
 
 def fused_supported(actor: nn.Module) -> bool:
-    """Whether the fused Triton kernels of ``fpo_utils.flow_triton`` take this flow actor: Triton is
-    installed, SiLU activations, at least one hidden layer, one power-of-two width from 16 to 128."""
+    """Whether ``--fused`` uses the Triton kernels of ``fpo_utils.flow_triton`` for this flow actor: Triton
+    is installed, SiLU activations, at least one hidden layer, width 16 or 32. The kernels compute any
+    power-of-two width but keep whole (64 x width) tiles in registers; they were measured faster than
+    torch at width 32 (the fpo preset), while a width-64 run with them (and compiled losses) updated 6x
+    slower for a reason not isolated (benchmarks/robot_results/README.md), so wider actors keep torch's path."""
     import importlib.util
 
     lin = [m for m in actor.net if isinstance(m, nn.Linear)]
     h = lin[0].out_features
-    return (importlib.util.find_spec("triton") is not None and len(lin) >= 3 and 16 <= h <= 128 and h & (h - 1) == 0
+    return (importlib.util.find_spec("triton") is not None and len(lin) >= 3 and h in (16, 32)
             and all(isinstance(m, nn.SiLU) for m in actor.net if not isinstance(m, nn.Linear))
             and all(m.in_features == m.out_features == h for m in lin[1:-1]))
 
