@@ -168,7 +168,7 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
 
     for name in ("fused", "eager")[: 1 if quick else 2]:
         if name == "eager":
-            state.sampler = pick_sampler(state.actor, dev, False, in_graph=True)  # actor.sample
+            state.sampler = pick_sampler(state.actor, dev, False, in_graph=True, fused=False)  # actor.sample
             state.act = GraphedCall(lambda: R.policy_half(state, args), state.act.touched)
         out[f"env_only_s_{name}"] = clock(env_only)
         out[f"halves_only_s_{name}"] = clock(halves_only)

@@ -263,7 +263,7 @@ def fused_forward(actor: nn.Module, wanted: bool):
     return actor_forward
 
 
-def pick_sampler(actor: nn.Module, device: torch.device, graphs: bool, in_graph: bool, fused: bool = True):
+def pick_sampler(actor: nn.Module, device: torch.device, graphs: bool, in_graph: bool, fused: bool):
     """The Euler sampler ``(obs, x0, steps) -> x`` for ``actor``, chosen once: :class:`NumpySampler` on
     the CPU; on CUDA the Triton ``FusedSampler`` if ``fused`` and it applies, else ``actor.sample``
     inside a captured rollout step (``in_graph``) or :class:`GraphedSampler` on its own (with graphs)."""

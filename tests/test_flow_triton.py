@@ -89,7 +89,7 @@ def test_fast_paths_are_chosen_once_by_shape_and_flag():
     assert not fused_supported(R.FlowActor(6, 1, 32, 1, 8, 0.25))  # no hidden-to-hidden layer
     assert not fused_supported(R.FlowActor(6, 1, 64, 3, 8, 0.25))  # wider than the kernels are used for
     assert fused_forward(actor, False) is None
-    assert isinstance(pick_sampler(actor, torch.device("cpu"), True, True), NumpySampler)
+    assert isinstance(pick_sampler(actor, torch.device("cpu"), True, True, True), NumpySampler)
     if HAS_TRITON:
         from fpo_utils.flow_triton import actor_forward
 
