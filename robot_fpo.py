@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend, segment_seed
-from fpo_utils.fast import ENV_OUT, GraphedCall, GraphedStep, chunks, fused_forward, pick_sampler, rollout_tensors, unrolls
+from fpo_utils.fast import GraphedCall, GraphedStep, chunks, fused_forward, pick_sampler, rollout_tensors, unrolls
 from fpo_utils.runfolder import NonFiniteLoss, RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
@@ -372,9 +372,7 @@ def collect_rollout(state: State, args: Args) -> dict:
         state.sampler.refresh()
     for _ in range(T):
         state.act()
-        next_obs, reward, term, trunc, info = envs.step(r["action"])
-        for key, v in zip(ENV_OUT, (next_obs, reward, term, trunc, info["final_obs"], info["episode_return"], info["episode_length"])):
-            r[key].copy_(v)
+        envs.step_into(r["action"], r["env_in"])  # one copy of the step's outputs; r[ENV_OUT] are its parts
         state.record()
     state.global_step += T * n
     obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf = (r[k] for k in ("obs", "x", "final", "rew", "term", "trunc"))

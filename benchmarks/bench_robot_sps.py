@@ -35,7 +35,7 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
-from fpo_utils.envs import EnvpoolVecEnv, make_envs  # noqa: E402
+from fpo_utils.envs import EnvpoolVecEnv, env_out_size, make_envs  # noqa: E402
 
 
 @dataclass
@@ -88,12 +88,14 @@ class Timed:
 
 
 def env_only_sps(envs, step, steps: int, gen: torch.Generator) -> tuple[float, float | None]:
-    """(steps/s through the environment object, raw envpool steps/s or None)."""
+    """(steps/s through the environment object's ``step_into``, as the rollout steps it; raw envpool
+    steps/s or None)."""
     n, d = envs.num_envs, envs.act_dim
-    actions = [2 * torch.rand(n, d, generator=gen) - 1 for _ in range(8)]
+    actions = [(2 * torch.rand(n, d, generator=gen) - 1).to(envs.device) for _ in range(8)]
+    out = torch.empty(env_out_size(n, envs.obs_dim), device=envs.device)
     t0 = time.perf_counter()
     for k in range(steps):
-        step(actions[k % 8].to(envs.device))
+        step(actions[k % 8], out)
     sps = steps * n / (time.perf_counter() - t0)
     if not isinstance(envs, EnvpoolVecEnv):
         return sps, None
@@ -116,8 +118,8 @@ def main(b: BenchArgs) -> dict:
     torch.manual_seed(b.seed)
     state = robot_fpo.build_state(args, device)
     robot_fpo.reset_envs(state, args.seed)
-    env_step = Timed(state.envs.step)
-    state.envs.step = env_step
+    env_step = Timed(state.envs.step_into)
+    state.envs.step_into = env_step
     state.act = policy = Timed(state.act)  # the policy half of each rollout step (graphed on CUDA): host time
 
     def iterate() -> tuple[float, float]:

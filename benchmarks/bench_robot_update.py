@@ -158,7 +158,7 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
 
     def env_only():
         for _ in range(T):
-            state.envs.step(r["action"])
+            state.envs.step_into(r["action"], r["env_in"])
 
     def halves_only():
         r["k"].zero_()

@@ -20,7 +20,10 @@ obs float32 [N, obs_dim] (already the first observation of the next episode wher
 auto-reset in the same step), reward float32 [N], terminated / truncated bool [N], and ``info``
 with float32 tensors ``final_obs`` [N, obs_dim] (the observation that ended the episode, equal to
 obs where nothing ended), ``episode_return`` and ``episode_length`` [N] (of the episode that ended
-at this step; meaningful where terminated or truncated).
+at this step; meaningful where terminated or truncated). ``step_into(actions, out)`` does the same
+step and writes all of it into one float32 tensor ``out`` of ``env_out_size(num_envs, obs_dim)``
+elements on the environments' device (layout: ``env_out_views``; terminated / truncated as 0 / 1):
+one copy per step, which is how a rollout on a GPU takes it.
 
 ``RunningMeanStd`` keeps the running observation / return statistics the trainer normalises with.
 """
@@ -104,6 +107,27 @@ def make_envs(env_id: str, num_envs: int, seed: int, backend: Backend = "auto", 
     return GymnasiumVecEnv(env_id, num_envs, seed, device)
 
 
+def env_out_size(num_envs: int, obs_dim: int) -> int:
+    """Elements of the flat step output: obs, final_obs, reward, terminated, truncated, episode_return, episode_length."""
+    return num_envs * (2 * obs_dim + 5)
+
+
+def env_out_views(flat, num_envs: int, obs_dim: int) -> tuple:
+    """The seven parts of a flat step output (a tensor or a NumPy array), as views:
+    obs [N, obs_dim], final_obs [N, obs_dim], then reward, terminated, truncated, episode_return,
+    episode_length [N] (terminated / truncated as 0 / 1)."""
+    n, o = num_envs, obs_dim
+    ends = np.cumsum([0, n * o, n * o, n, n, n, n, n])
+    parts = [flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
+    return (parts[0].reshape(n, o), parts[1].reshape(n, o), *parts[2:])
+
+
+def unpack_step(flat: torch.Tensor, num_envs: int, obs_dim: int) -> tuple:
+    """``(obs, reward, terminated, truncated, info)``, the return of ``step``, from a flat step output."""
+    obs, final_obs, reward, term, trunc, ep_ret, ep_len = env_out_views(flat, num_envs, obs_dim)
+    return obs, reward, term > 0.5, trunc > 0.5, {"final_obs": final_obs, "episode_return": ep_ret, "episode_length": ep_len}
+
+
 def flat_obs(obs) -> np.ndarray:
     """[N, obs_dim] float32 from an array or a dict of arrays (keys in sorted order)."""
     if isinstance(obs, dict):
@@ -126,21 +150,35 @@ class _Base:
         self.action_low = torch.as_tensor(self._low, dtype=torch.float32)
         self.action_high = torch.as_tensor(self._high, dtype=torch.float32)
         self._ret, self._len = np.zeros(num_envs), np.zeros(num_envs, np.int64)
+        # Host buffers: the step output in the flat layout and the actions, page-locked when the
+        # trainer is on a GPU so that each step is one copy each way.
+        pin = device.type == "cuda"
+        self._host = torch.zeros(env_out_size(num_envs, obs_dim), pin_memory=pin)
+        self._host_parts = env_out_views(self._host.numpy(), num_envs, obs_dim)
+        self._act_host = torch.zeros(num_envs, self.act_dim, pin_memory=pin)
 
     def _to_box(self, actions: torch.Tensor) -> np.ndarray:
-        a = actions.detach().to("cpu", torch.float64).numpy().reshape(self.num_envs, self.act_dim)
+        self._act_host.copy_(actions.detach().reshape(self.num_envs, self.act_dim))
+        a = self._act_host.numpy().astype(np.float64)
         return self._low + 0.5 * (np.clip(a, -1.0, 1.0) + 1.0) * (self._high - self._low)
 
-    def _out(self, obs, reward, term, trunc, final_obs) -> tuple:
+    def _out(self, obs, reward, term, trunc, final_obs) -> torch.Tensor:
+        """Episode bookkeeping; the step output written into the flat host buffer, which is returned."""
         reward = np.asarray(reward, np.float64)
         self._ret += reward
         self._len += 1
+        for part, value in zip(self._host_parts, (obs, final_obs, reward, term, trunc, self._ret, self._len)):
+            part[...] = value
         done = np.logical_or(term, trunc)
-        info = {"final_obs": self._t(final_obs), "episode_return": self._t(self._ret.copy()),
-                "episode_length": self._t(self._len.copy())}
         self._ret[done], self._len[done] = 0.0, 0
-        return (self._t(obs), self._t(reward), torch.as_tensor(np.asarray(term, bool), device=self.device),
-                torch.as_tensor(np.asarray(trunc, bool), device=self.device), info)
+        return self._host
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        host = self._step_host(actions)
+        return unpack_step(host.to(self.device) if self.device.type != "cpu" else host.clone(), self.num_envs, self.obs_dim)
+
+    def step_into(self, actions: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(self._step_host(actions))
 
     def _t(self, x) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x, np.float32), device=self.device)
@@ -180,7 +218,7 @@ class EnvpoolVecEnv(_Base):
         self._ret[:], self._len[:] = 0.0, 0
         return self._t(flat_obs(obs))
 
-    def step(self, actions: torch.Tensor) -> tuple:
+    def _step_host(self, actions: torch.Tensor) -> torch.Tensor:
         obs, reward, term, trunc, _ = self._pool.step(self._to_box(actions).astype(np.float32))
         obs = flat_obs(obs)
         final = obs
@@ -224,7 +262,7 @@ class GymnasiumVecEnv(_Base):
         self._ret[:], self._len[:] = 0.0, 0
         return self._t(flat_obs(obs))
 
-    def step(self, actions: torch.Tensor) -> tuple:
+    def _step_host(self, actions: torch.Tensor) -> torch.Tensor:
         obs, reward, term, trunc, info = self._envs.step(self._to_box(actions))
         obs = flat_obs(obs)
         final = obs

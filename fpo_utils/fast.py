@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fpo_utils.envs import env_out_size, env_out_views
+
 
 class NumpySampler:
     """float32 NumPy copy of a flow actor's MLP (``actor.net``: Linear/SiLU layers whose first layer
@@ -287,13 +289,15 @@ def chunks(n: int, size: int = 65536) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-ENV_OUT = ("obs_in", "rew_in", "term_in", "trunc_in", "final_in", "ep_ret_in", "ep_len_in")  # step()'s outputs, copied
+ENV_OUT = ("obs_in", "final_in", "rew_in", "term_in", "trunc_in", "ep_ret_in", "ep_len_in")  # views of "env_in"
 
 
 def rollout_tensors(n: int, T: int, o: int, d: int, dev) -> dict:
-    """The fixed tensors of a rollout of T steps of n environments (obs o, action d), for robot_fpo.py."""
+    """The fixed tensors of a rollout of T steps of n environments (obs o, action d), for robot_fpo.py.
+    ``env_in`` takes a step's outputs (``envs.step_into``); the ENV_OUT entries are its parts."""
     z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
+    env_in = z(env_out_size(n, o))
     return {"obs": z(T, n, o), "final": z(T, n, o), "x": z(T, n, d), "rew": z(T, n), "term": z(T, n), "trunc": z(T, n),
             "noise": z(T, n, d), "act_noise": z(T, n, d), "action": z(n, d), "ret_acc": z(n, dtype=torch.float64),
-            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "obs_in": z(n, o), "final_in": z(n, o),
-            **{key: z(n) for key in ENV_OUT[1:] if key != "final_in"}}
+            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "env_in": env_in,
+            **dict(zip(ENV_OUT, env_out_views(env_in, n, o)))}

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import torch
 
+from fpo_utils.envs import unpack_step
 from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
@@ -115,8 +116,7 @@ class PlaygroundVecEnv:
         self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = b.env, b.keys, b.unpack, b.reset, b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
         self.action_high = torch.ones(self.act_dim, device=self.device)
-        n, d = num_envs, self.obs_dim
-        self._split = (n * d, n * d, n, n, n, n, n)
+        n = num_envs
         self._state = None
         # Compile both functions now, so the first rollout is not charged for it.
         t0 = time.perf_counter()
@@ -136,27 +136,30 @@ class PlaygroundVecEnv:
         """A contiguous torch tensor as a JAX array on the same memory (DLPack, no copy)."""
         return self._jax.dlpack.from_dlpack(t)
 
-    def _unpack(self, packed: torch.Tensor) -> tuple:
-        n, d = self.num_envs, self.obs_dim
-        obs, final_obs, reward, term, trunc, ep_ret, ep_len = torch.split(packed, self._split)
-        info = {"final_obs": final_obs.view(n, d), "episode_return": ep_ret, "episode_length": ep_len}
-        return obs.view(n, d), reward, term > 0.5, trunc > 0.5, info
-
     # -- the vector-env interface --------------------------------------------------------------
     def reset(self, seed: int) -> torch.Tensor:
         """Start every environment afresh from per-environment keys split from `seed`."""
         self._state, obs = self._reset_fn(self._keys(seed))
         return self.to_torch(obs)
 
-    def step(self, actions: torch.Tensor) -> tuple:
-        """One step of every environment; see the class docstring for what comes back."""
+    def step_flat(self, actions: torch.Tensor) -> torch.Tensor:
+        """One step of every environment -> its outputs as one flat float32 tensor (read-only, JAX's
+        memory) in the layout of ``fpo_utils.envs.env_out_views``."""
         if self._state is None:
             raise RuntimeError("step() before reset()")
         a = actions.detach().to(self.device, torch.float32).contiguous()
         self._state, packed = self._step_fn(self._state, self.to_jax(a))
         # torch's stream waits for the step here (DLPack stream hand-shake), so the action buffer
         # may be reused by torch once this returns.
-        return self._unpack(self.to_torch(packed))
+        return self.to_torch(packed)
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        """One step of every environment; see the class docstring for what comes back."""
+        return unpack_step(self.step_flat(actions), self.num_envs, self.obs_dim)
+
+    def step_into(self, actions: torch.Tensor, out: torch.Tensor) -> None:
+        """One step, its flat outputs copied into ``out`` (one copy on the device)."""
+        out.copy_(self.step_flat(actions))
 
     def close(self) -> None:
         self._state = None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from fpo_utils.envs import env_out_size, env_out_views, unpack_step
 from fpo_utils.runfolder import EXIT_BAD_INPUT, RunError, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,10 +126,17 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
     state = env._state
     for a, got in zip(acts, via_dlpack):
         state, packed = env._step_fn(state, jnp.asarray(a.numpy()))
-        o, r, te, tr, info = env._unpack(torch.from_numpy(np.array(packed)))  # host copy
+        o, r, te, tr, info = unpack_step(torch.from_numpy(np.array(packed)), env.num_envs, env.obs_dim)  # host copy
         want = torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, info["final_obs"])])
         assert torch.equal(got, want)
     env._state = state
+    # step_into: the same outputs written into one flat tensor, as the trainer's rollout takes them
+    env.reset(3)
+    out = torch.full((env_out_size(env.num_envs, env.obs_dim),), float("nan"))
+    for a, got in zip(acts, via_dlpack):
+        env.step_into(a, out)
+        o, final, r, te, tr, _, _ = env_out_views(out, env.num_envs, env.obs_dim)
+        assert torch.equal(got, torch.cat([o.reshape(-1), r, te, tr, final.reshape(-1)]))
     # zero-copy: the torch tensor reads the JAX buffer itself
     x = jnp.arange(12, dtype=jnp.float32)
     t = env.to_torch(x)

@@ -17,7 +17,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import robot_fpo as R  # noqa: E402
-from fpo_utils.envs import make_envs  # noqa: E402
+from fpo_utils.envs import env_out_size, env_out_views, make_envs, unpack_step  # noqa: E402
 from fpo_utils.fast import GraphedSampler, GraphedStep, NumpySampler  # noqa: E402
 from fpo_utils.runfolder import RunError, read_jsonl  # noqa: E402
 
@@ -282,6 +282,26 @@ def test_end_to_end_envpool_dm_control(tmp_path, objective):
     if objective == "fpopp":  # FPO++ evaluates from zero initial noise, and reports random initial noise next to it
         assert "eval_return_random" in last
     assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
+
+
+@pytest.mark.parametrize("env_id", ["InvertedPendulum-v5", "CartpoleSwingup-v1"])
+def test_step_into_writes_what_step_returns(env_id):
+    """The rollout's one-copy step (``step_into``) gives what ``step`` gives, episode ends included."""
+    pytest.importorskip("envpool")
+    a, b = (make_envs(env_id, 3, 11) for _ in range(2))
+    a.reset(5), b.reset(5)
+    out, gen, ends = torch.full((env_out_size(3, a.obs_dim),), float("nan")), torch.Generator().manual_seed(0), 0
+    for _ in range(40 if env_id.startswith("Inverted") else 3):
+        act = 2 * torch.rand(3, a.act_dim, generator=gen) - 1
+        obs, rew, term, trunc, info = a.step(act)
+        b.step_into(act, out)
+        parts = env_out_views(out, 3, a.obs_dim)
+        want = (obs, info["final_obs"], rew, term.float(), trunc.float(), info["episode_return"], info["episode_length"])
+        assert all(torch.equal(x, y) for x, y in zip(parts, want))
+        o2, _, te2, tr2, _ = unpack_step(out, 3, a.obs_dim)
+        assert torch.equal(o2, obs) and torch.equal(te2, term) and torch.equal(tr2, trunc)
+        ends += int(term.sum() + trunc.sum())
+    assert ends > 0 or not env_id.startswith("Inverted")  # the pendulum falls under random actions: resets covered
 
 
 def strip_time(rows):
