@@ -55,6 +55,7 @@ class Args:
     tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
     compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (on in the fpo preset)
     fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo_utils/flow_triton.py; fpo preset)
+    scan_rollout: bool = False  # Playground: the rollout's steps as one JAX scan with a JAX copy of the sampler (fpo preset)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
@@ -141,7 +142,7 @@ PRESETS = {
         total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
         norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
         critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128, gae_unroll=30,
-        obs_stats="update", init="lecun", time_embed_base=1.0, compile=True, fused=True,
+        obs_stats="update", init="lecun", time_embed_base=1.0, compile=True, fused=True, scan_rollout=True,
     ),
     "fpopp": Args(
         preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
@@ -151,7 +152,7 @@ PRESETS = {
     ),
 }
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
-MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "tf32", "torch_threads",
+MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "scan_rollout", "tf32", "torch_threads",
               "env_threads", "keep_checkpoints", "runs_dir")
 
 
@@ -312,10 +313,9 @@ class State:
     ema: FlowActor | None = None
     update: int = 0
     global_step: int = 0
-    peak_return: float = -math.inf
-    peak_step: int = -1
-    peak_update: int = -1
+    peak: tuple = (-math.inf, -1, -1)  # eq:peak: the best evaluation so far, its global step, its update
     graph: GraphedStep | None = None  # the captured minibatch step (--cuda-graph), built on first use
+    scan: object = None  # (roll, T) -> None: the rollout's T steps as one JAX program (--scan-rollout)
 
 
 def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, seeded from (seed, update)
@@ -352,8 +352,7 @@ def record_half(state: State, args: Args) -> None:
         state.ret_rms.update(r["ret_acc"])
         reward = (reward / torch.sqrt(state.ret_rms.var + 1e-8)).clamp(-10.0, 10.0)
         r["ret_acc"].mul_(1.0 - done)
-    for key, v in (("rew", reward.float()), ("term", r["term_in"]), ("trunc", r["trunc_in"]),
-                   ("final", normalize_obs(r["final_in"], state.obs_rms))):
+    for key, v in (("rew", reward.float()), ("term", r["term_in"]), ("trunc", r["trunc_in"]), ("final", normalize_obs(r["final_in"], state.obs_rms))):
         r[key].index_copy_(0, k, v[None])
     k.add_(1)
 
@@ -370,13 +369,15 @@ def collect_rollout(state: State, args: Args) -> dict:
         r[key].zero_()
     if hasattr(state.sampler, "refresh"):  # the NumPy copy of the actor takes the current weights
         state.sampler.refresh()
-    for _ in range(T):
-        state.act()
-        envs.step_into(r["action"], r["env_in"])  # one copy of the step's outputs; r[ENV_OUT] are its parts
-        state.record()
+    if state.scan is not None:  # the same steps, one XLA program (fpo_utils/playground_env.py: ScanRollout)
+        state.scan(r, T)
+    else:
+        for _ in range(T):
+            state.act()
+            envs.step_into(r["action"], r["env_in"])  # one copy of the step's outputs; r[ENV_OUT] are its parts
+            state.record()
     state.global_step += T * n
-    obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf = (r[k] for k in ("obs", "x", "final", "rew", "term", "trunc"))
-    ep = r["ep"]
+    obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf, ep = (r[k] for k in ("obs", "x", "final", "rew", "term", "trunc", "ep"))
 
     with torch.no_grad():
         flat_obs, flat_x = obs_buf.reshape(T * n, -1), act_buf.reshape(T * n, d)
@@ -525,8 +526,7 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
 
 # ---------------------------------------------------------------- Setup, checkpoints and main
 def validate_args(args: Args) -> None:
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "num_draws", "flow_steps",
-                 "eval_every", "eval_episodes", "block_size", "episode_length"):
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "num_draws", "flow_steps", "eval_every", "eval_episodes", "block_size", "episode_length"):
         if getattr(args, name) < 1:
             raise RunError(f"{name} must be at least 1, got {getattr(args, name)}")
     for bad, message in (
@@ -566,6 +566,9 @@ def build_state(args: Args, device: torch.device) -> State:
     if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched
         touched = lambda: [*state.roll.values(), *[v for m in (state.obs_rms, state.ret_rms) if m for v in vars(m).values()]]  # noqa: E731
         state.act, state.record = GraphedCall(state.act, touched), GraphedCall(state.record, touched)
+    if args.scan_rollout and hasattr(envs, "scan_rollout"):  # Playground; None where statistics move during a rollout
+        state.scan = envs.scan_rollout(actor, state.obs_rms, state.ret_rms, args.flow_steps, args.action_squash, args.action_bound,
+                                       args.reward_scale, args.fpopp_action_noise if args.objective == "fpopp" else 0.0)
     return state
 
 
@@ -574,7 +577,7 @@ PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a 
 
 def checkpoint_payload(state: State) -> dict:
     return {**{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
-            "update": state.update, "global_step": state.global_step, "peak": (state.peak_return, state.peak_step, state.peak_update)}
+            "update": state.update, "global_step": state.global_step, "peak": state.peak}
 
 
 def load_checkpoint(ckpt, state: State) -> None:
@@ -584,8 +587,7 @@ def load_checkpoint(ckpt, state: State) -> None:
     for key in PARTS:
         if getattr(state, key) is not None and ckpt.get(key) is not None:
             getattr(state, key).load_state_dict(ckpt[key])
-    state.update, state.global_step = int(ckpt["update"]), int(ckpt["global_step"])
-    state.peak_return, state.peak_step, state.peak_update = ckpt["peak"]
+    state.update, state.global_step, state.peak = int(ckpt["update"]), int(ckpt["global_step"]), tuple(ckpt["peak"])
 
 
 def default_run_name(args: Args) -> str:
@@ -619,8 +621,8 @@ def main(args: Args) -> dict:
 
         def summary(status: str, reason: str = "") -> dict:
             return rf.write_summary({
-                "status": status, "updates_done": state.update, "peak": state.peak_return if state.peak_update >= 0 else None,
-                "peak_update": state.peak_update, "peak_step": state.peak_step, "stop_reason": reason,
+                "status": status, "updates_done": state.update, "peak": state.peak[0] if state.peak[2] >= 0 else None,
+                "peak_update": state.peak[2], "peak_step": state.peak[1], "stop_reason": reason,
                 "global_step": state.global_step, "env_id": args.env_id, "objective": args.objective, "device": str(device)})
 
         def do_eval(row: dict) -> None:
@@ -628,12 +630,12 @@ def main(args: Args) -> dict:
             if args.objective == "fpopp":
                 other = "random" if eval_init == "zero" else "zero"
                 row[f"eval_return_{other}"] = evaluate(state, eval_envs, args, other)
-            if row["eval_return"] > state.peak_return:  # eq:peak: max over this run's evaluations
-                state.peak_return, state.peak_step, state.peak_update = row["eval_return"], state.global_step, state.update
+            if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations
+                state.peak = (row["eval_return"], state.global_step, state.update)
             curve[0].append(state.global_step)
             curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
-            print(f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak_return:.2f}")
+            print(f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
 
         if rf.resuming:
             load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)

@@ -108,7 +108,7 @@ class PlaygroundVecEnv:
         self.env_name, self.num_envs, self.episode_length = env_name, num_envs, episode_length
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        key = (env_name, num_envs, episode_length, str(self._jax_device))
+        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device))
         if key not in _BUILT:  # environments of the same shape share their compiled functions
             _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device)
         b = _BUILT[key]
@@ -161,8 +161,94 @@ class PlaygroundVecEnv:
         """One step, its flat outputs copied into ``out`` (one copy on the device)."""
         out.copy_(self.step_flat(actions))
 
+    def scan_rollout(self, actor: torch.nn.Module, obs_rms, ret_rms, flow_steps: int, squash: str, action_bound: float,
+                     reward_scale: float, action_noise: float = 0.0) -> ScanRollout | None:
+        """The trainer's rollout steps as one JAX program (:class:`ScanRollout`), or None where the
+        trainer's statistics change during a rollout (per-step observation statistics ``obs_rms``,
+        return normalisation ``ret_rms``): those rollouts keep the per-step path."""
+        if ret_rms is not None or (obs_rms is not None and not obs_rms.batch_var):
+            return None
+        return ScanRollout(self, actor, obs_rms, flow_steps, squash, action_bound, reward_scale, action_noise)
+
     def close(self) -> None:
         self._state = None
+
+
+class ScanRollout:
+    """robot_fpo.py's rollout steps on this backend as one jitted ``lax.scan``: policy (normalised
+    observation, Euler sampler of the flow actor, squash), environment step and bookkeeping for all
+    T steps in one XLA program, as the official FPO code runs its rollout, instead of a dispatch and
+    two hand-overs per step. The sampler is a JAX copy of ``FlowActor.sample`` (an MLP of Linear and
+    SiLU layers); at each call it reads the actor's weights, the observation statistics and the
+    rollout's noise from torch, and writes the rollout buffers back, through DLPack.
+
+    It covers rollouts whose statistics do not change during the rollout (no per-step observation
+    statistics, no return normalisation); ``(roll, T)`` reads ``roll``'s ``obs_in``, ``noise`` and
+    ``act_noise`` and fills ``obs``, ``x``, ``rew``, ``term``, ``trunc``, ``final``, ``ep`` and
+    ``obs_in`` as the per-step path does (robot_fpo.py: policy_half, record_half).
+    """
+
+    def __init__(self, envs: PlaygroundVecEnv, actor: torch.nn.Module, obs_rms, flow_steps: int, squash: str,
+                 action_bound: float, reward_scale: float, action_noise: float = 0.0):
+        from fpo_utils.envs import env_out_views
+
+        jax, jnp = envs._jax, envs._jnp
+        self.envs, self.actor, self.obs_rms, self.action_noise = envs, actor, obs_rms, action_noise
+        self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
+        if len(self.linear) + len(self.linear) - 1 != len(actor.net) or \
+                not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
+            raise RunError("the scanned rollout takes a flow actor whose MLP alternates Linear and SiLU layers")
+        if obs_rms is not None and not obs_rms.batch_var:
+            raise RunError("the scanned rollout takes observation statistics fixed during the rollout (--obs-stats update)")
+        n, o, d = envs.num_envs, envs.obs_dim, actor.act_dim
+        step, dt = _BUILT[envs._key].step, actor.output_scale / flow_steps
+
+        def sample(ws, freqs, obs, x0):  # FlowActor.sample: Euler steps of the velocity MLP from t = 0 to 1
+            (w0, b0), rest = ws[0], ws[1:]
+            ang = (jnp.arange(flow_steps, dtype=jnp.float32) / flow_steps)[:, None] * freqs
+            time_term = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], -1) @ w0[:, o + d:].T
+            base, x = obs @ w0[:, :o].T + b0, x0
+            for k in range(flow_steps):
+                h = base + time_term[k] + x @ w0[:, o:o + d].T
+                for w, b in rest:
+                    h = jax.nn.silu(h) @ w.T + b
+                x = x + dt * h
+            return x
+
+        def rollout(flat_state, obs, ws, freqs, mean, std, noise, act_noise):
+            def body(carry, noises):
+                flat_state, obs, ep = carry
+                o_n = (obs - mean) / std
+                x = sample(ws, freqs, o_n, noises[0])
+                if action_noise > 0:  # FPO++'s Gaussian noise on the training actions
+                    x = x + action_noise * noises[1]
+                if action_bound > 0:
+                    x = jnp.clip(x, -action_bound, action_bound)
+                flat_state, out = step(flat_state, jnp.tanh(x) if squash == "tanh" else jnp.clip(x, -1.0, 1.0))
+                next_obs, final, reward, term, trunc, ep_ret, ep_len = env_out_views(out, n, o)
+                done = jnp.maximum(term, trunc)
+                ep = ep + jnp.stack([ep_ret @ done, ep_len @ done, done.sum()])
+                return (flat_state, next_obs, ep), (o_n, x, reward * reward_scale, term, trunc, (final - mean) / std)
+
+            (flat_state, obs, ep), ys = jax.lax.scan(body, (flat_state, obs, jnp.zeros(3, jnp.float32)), (noise, act_noise))
+            return flat_state, obs, ep, ys
+
+        self._rollout = jax.jit(rollout, donate_argnums=0)
+
+    def __call__(self, roll: dict, T: int) -> None:
+        env, rms = self.envs, self.obs_rms
+        if roll["noise"].shape[0] != T:
+            raise RuntimeError(f"the rollout's noise holds {roll['noise'].shape[0]} steps, not {T}")
+        ws = [(env.to_jax(m.weight.detach()), env.to_jax(m.bias.detach())) for m in self.linear]
+        o = env.obs_dim
+        mean = rms.mean.float() if rms is not None else torch.zeros(o, device=env.device)
+        std = rms.var.sqrt().float() if rms is not None else torch.ones(o, device=env.device)
+        env._state, obs, ep, ys = self._rollout(env._state, env.to_jax(roll["obs_in"]), ws, env.to_jax(self.actor.freqs),
+                                                 env.to_jax(mean), env.to_jax(std), env.to_jax(roll["noise"]), env.to_jax(roll["act_noise"]))
+        for key, y in zip(("obs", "x", "rew", "term", "trunc", "final"), ys):
+            roll[key].copy_(env.to_torch(y))
+        roll["obs_in"].copy_(env.to_torch(obs))
+        roll["ep"].copy_(env.to_torch(ep))
 
 
 _BUILT: dict = {}

@@ -180,3 +180,54 @@ def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     # 4 environments x 16 steps, 20-step episodes: each environment ends one in update 2 (its steps 17-32)
     assert rows[1]["episodes"] == 0 and rows[2]["episodes"] == 4 and rows[2]["episodic_length"] == 20.0
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
+
+
+@pytest.mark.parametrize("objective,device", [("fpo", "cpu"), ("fpopp", "cpu"), ("fpo", "cuda")])
+def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeypatch):
+    """--scan-rollout: the rollout as one JAX scan (a JAX copy of the sampler) gives the per-step path's batch:
+    observations, actions, rewards, episode ends and sums, old losses and advantages, over two rollouts with
+    episodes ending inside them and the observation statistics moving between them."""
+    from dataclasses import replace
+
+    import jax
+
+    if device == "cuda" and not (torch.cuda.is_available() and jax.default_backend() == "gpu"):
+        pytest.skip("needs a CUDA GPU for torch and JAX (the GPU path: DLPack hand-over, Triton sampler on the per-step side)")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    sys.path.insert(0, ROOT)
+    import robot_fpo as R
+
+    args = replace(R.Args(), backend="playground", env_id="CartpoleSwingup", objective=objective, num_envs=4, num_steps=12,
+                   num_minibatches=2, num_draws=4, flow_steps=4, actor_hidden=16, critic_hidden=16, episode_length=5,
+                   cuda=device == "cuda", obs_stats="update", norm_reward=False, reward_scale=10.0, action_bound=1.5, seed=2,
+                   fused=device == "cuda")
+    runs = []
+    for scan in (False, True):
+        a = replace(args, scan_rollout=scan)
+        torch.manual_seed(0)
+        with jax.default_matmul_precision("highest"):  # float32 products on both sides (no TF32 on a GPU)
+            state = R.build_state(a, torch.device(device))
+        assert (state.scan is not None) == scan
+        R.reset_envs(state, a.seed)
+        torch.manual_seed(1)
+        runs.append([])
+        for _ in range(2):
+            with jax.default_matmul_precision("highest"):
+                batch = R.collect_rollout(state, a)
+            runs[-1].append({**{k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()},
+                             "std": state.obs_rms.var.sqrt().float()})  # the statistics the batch is normalised with
+        state.envs.close()
+    for per_step, scanned in zip(*runs):
+        assert per_step["episodes"] == scanned["episodes"] > 0
+        for key in ("episodic_return", "episodic_length", "action_abs_max"):
+            assert scanned[key] == pytest.approx(per_step[key], rel=1e-5)
+        torch.testing.assert_close(scanned["x"], per_step["x"], rtol=1e-5, atol=1e-6)
+        # observations in their own units: the scan normalises in float32, the per-step path in float64, and a
+        # near-constant coordinate (std ~3e-5 here) turns float32 rounding into 1e-3 of a normalised unit
+        torch.testing.assert_close(scanned["obs"] * scanned["std"], per_step["obs"] * per_step["std"], rtol=1e-5, atol=1e-6)
+        for key in ("l_old", "adv", "returns"):
+            torch.testing.assert_close(scanned[key], per_step[key], rtol=1e-3, atol=1e-4)
+    # statistics that move inside a rollout keep the per-step path
+    state = R.build_state(replace(args, scan_rollout=True, obs_stats="step"), torch.device(device))
+    assert state.scan is None
+    state.envs.close()
