@@ -139,7 +139,7 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
     the eager sampler inside the captured policy half; then again after one compiled update."""
     from fpo_utils.fast import GraphedCall, pick_sampler
 
-    args = replace(R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile)
+    args = replace(R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile, scan_rollout=False)  # the per-step path
     dev = torch.device("cuda")
     torch.manual_seed(0)
     state = R.build_state(args, dev)
