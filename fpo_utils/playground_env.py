@@ -195,7 +195,7 @@ class ScanRollout:
         jax, jnp = envs._jax, envs._jnp
         self.envs, self.actor, self.obs_rms, self.action_noise = envs, actor, obs_rms, action_noise
         self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
-        if len(self.linear) + len(self.linear) - 1 != len(actor.net) or \
+        if 2 * len(self.linear) - 1 != len(actor.net) or \
                 not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
             raise RunError("the scanned rollout takes a flow actor whose MLP alternates Linear and SiLU layers")
         if obs_rms is not None and not obs_rms.batch_var:
