@@ -193,7 +193,7 @@ class ScanRollout:
         from fpo_utils.envs import env_out_views
 
         jax, jnp = envs._jax, envs._jnp
-        self.envs, self.actor, self.obs_rms, self.action_noise = envs, actor, obs_rms, action_noise
+        self.envs, self.actor, self.obs_rms = envs, actor, obs_rms
         self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
         if 2 * len(self.linear) - 1 != len(actor.net) or \
                 not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
