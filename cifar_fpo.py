@@ -73,8 +73,9 @@ class Args:
     """Generator: a diffusers folder or a Hugging Face repo id (default: the shipped stand-in)."""
     convention: Optional[Literal["sigma", "t"]] = None
     """Network time convention (fpo_utils/unet.py `velocity`); default: the model's config, else sigma."""
-    reward: Literal["auto-a35", "mixed", "edge", "clip", "simclr", "digit7",
-                    "red-patch", "mixed-texture", "digit7-structure"] = "auto-a35"
+    reward: Literal[
+        "auto-a35", "mixed", "edge", "clip", "simclr", "digit7", "red-patch", "mixed-texture", "digit7-structure"
+    ] = "auto-a35"
     """Reward (app:rewards); red-patch, mixed-texture and digit7-structure need no model."""
     classifier_path: Optional[str] = None
     """CIFAR-10 classifier weights for auto-a35/mixed (default: the shipped stand-in)."""
@@ -184,13 +185,37 @@ class Args:
 # (fewer and smaller batches, fewer sampling steps, a larger learning rate).
 PRESETS = {
     "paper": Args(),
-    "quick": Args(preset="quick", batch_size=32, group_size=16, mc_draws=4, sample_steps=10, num_updates=12,
-                  learning_rate=1e-4, val_every=3, val_banks=1, val_bank_size=64, calib_bank_size=32,
-                  fit_batch_size=32, min_updates_before_stop=12),
+    "quick": Args(
+        preset="quick",
+        batch_size=32,
+        group_size=16,
+        mc_draws=4,
+        sample_steps=10,
+        num_updates=12,
+        learning_rate=1e-4,
+        val_every=3,
+        val_banks=1,
+        val_bank_size=64,
+        calib_bank_size=32,
+        fit_batch_size=32,
+        min_updates_before_stop=12,
+    ),
 }
 # Settings --resume accepts with a new value; any other difference is refused.
-MAY_CHANGE = ("num_updates", "until", "device", "verbose", "save_samples", "track", "wandb_project_name",
-              "wandb_entity", "checkpoint_every", "runs_dir", "run_name", "resume")
+MAY_CHANGE = (
+    "num_updates",
+    "until",
+    "device",
+    "verbose",
+    "save_samples",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "checkpoint_every",
+    "runs_dir",
+    "run_name",
+    "resume",
+)
 
 
 def _choices(tp) -> Optional[tuple]:
@@ -202,11 +227,14 @@ def _choices(tp) -> Optional[tuple]:
 
 def weighting_label(args: Args) -> str:
     """The weighting and its value for run names, e.g. alpha-2, x0, static-softmax-eta1."""
-    label = {"fixed": args.target or f"alpha{args.alpha:g}",
-             "schedule": f"schedule{args.alpha_early:g}to{args.alpha_late:g}@{args.k0}-{args.k1}",
-             "static-softmax": f"static-softmax-eta{args.eta:g}", "static-direct": "static-direct",
-             "online-ema": f"online-ema-kappa{args.online_kappa:g}-{args.online_init}",
-             "online-refit": f"online-refit-eta{args.refit_eta:g}"}[args.weighting]
+    label = {
+        "fixed": args.target or f"alpha{args.alpha:g}",
+        "schedule": f"schedule{args.alpha_early:g}to{args.alpha_late:g}@{args.k0}-{args.k1}",
+        "static-softmax": f"static-softmax-eta{args.eta:g}",
+        "static-direct": "static-direct",
+        "online-ema": f"online-ema-kappa{args.online_kappa:g}-{args.online_init}",
+        "online-refit": f"online-refit-eta{args.refit_eta:g}",
+    }[args.weighting]
     return label + ("" if args.g == 1 else f"-g{args.g:g}") + ("" if args.estimator == "q+a" else f"-{args.estimator}")
 
 
@@ -215,15 +243,29 @@ def resolve_args(args: Args) -> Args:
     for f in fields(Args):
         allowed = _choices(get_type_hints(Args)[f.name])
         if allowed is not None and getattr(args, f.name) not in allowed:
-            raise ValueError(f"--{f.name.replace('_', '-')} {getattr(args, f.name)!r} is not one of "
-                             f"{', '.join(str(a) for a in allowed if a is not None)}")
+            raise ValueError(
+                f"--{f.name.replace('_', '-')} {getattr(args, f.name)!r} is not one of "
+                f"{', '.join(str(a) for a in allowed if a is not None)}"
+            )
     for name in ("alpha", "alpha_early", "alpha_late", "g", "eta", "online_kappa", "refit_eta", "learning_rate"):
         if not math.isfinite(getattr(args, name)):
             raise ValueError(f"--{name.replace('_', '-')} is {getattr(args, name)}; a finite number is required")
     if args.g <= 0:
         raise ValueError(f"--g {args.g} must be > 0")
-    for name in ("batch_size", "group_size", "mc_draws", "sample_steps", "val_every", "val_banks", "val_bank_size",
-                 "calib_bank_size", "fit_batch_size", "bins", "refit_every", "coherence_draws"):
+    for name in (
+        "batch_size",
+        "group_size",
+        "mc_draws",
+        "sample_steps",
+        "val_every",
+        "val_banks",
+        "val_bank_size",
+        "calib_bank_size",
+        "fit_batch_size",
+        "bins",
+        "refit_every",
+        "coherence_draws",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
     if args.num_updates < 0:
@@ -232,14 +274,18 @@ def resolve_args(args: Args) -> Args:
         raise ValueError(f"--group-size {args.group_size} must be >= 2 (the group SD uses G-1)")
     for name in ("batch_size", "fit_batch_size"):
         if getattr(args, name) % args.group_size:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} is not divisible by "
-                             f"--group-size {args.group_size}")
+            raise ValueError(
+                f"--{name.replace('_', '-')} {getattr(args, name)} is not divisible by --group-size {args.group_size}"
+            )
     if not 0 < args.clip_ratio < 1:
         raise ValueError(f"--clip-ratio {args.clip_ratio} must be in (0, 1)")
     if args.weighting == "schedule" and args.k1 < args.k0:
         raise ValueError(f"--k1 {args.k1} must be >= --k0 {args.k0}")
-    args = replace(args, checkpoint_every=args.checkpoint_every or args.val_every,
-                   reuse_old_losses=args.compile if args.reuse_old_losses is None else args.reuse_old_losses)
+    args = replace(
+        args,
+        checkpoint_every=args.checkpoint_every or args.val_every,
+        reuse_old_losses=args.compile if args.reuse_old_losses is None else args.reuse_old_losses,
+    )
     if args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 1")
     if args.run_name is None:
@@ -279,8 +325,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     return ((r - mean) / (sd + eps)).view(-1)
 
 
-def fpo_loss(l_old: torch.Tensor, l_new: torch.Tensor, adv: torch.Tensor, multipliers,
-             clip_ratio: float = 0.08, log_ratio_clip: float = 20.0):
+def fpo_loss(
+    l_old: torch.Tensor,
+    l_new: torch.Tensor,
+    adv: torch.Tensor,
+    multipliers,
+    clip_ratio: float = 0.08,
+    log_ratio_clip: float = 20.0,
+):
     """The clipped ELBO-surrogate objective of eq:rl-mc and eq:rl-ppo.
 
     D_i = 1/M sum_m c_im (l_old,im - l_theta,im), r_i = exp(clip(D_i, -c, c)),
@@ -342,7 +394,9 @@ def build_calibration_bank(net, args: Args, device, convention, autocast=None) -
         offset = torch.rand((c, 1), generator=gen)
         t = ((torch.arange(args.bins).view(1, -1) + offset) / args.bins).float().to(device)
         for j in range(0, c, 32):  # 32 endpoints x B bins per forward keeps the memory modest
-            out.append(velocity_losses(net, x[j:j + 32], t[j:j + 32], eps[j:j + 32], convention, autocast).double().cpu())
+            out.append(
+                velocity_losses(net, x[j : j + 32], t[j : j + 32], eps[j : j + 32], convention, autocast).double().cpu()
+            )
     return torch.cat(out).numpy()
 
 
@@ -378,22 +432,64 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
     random.seed(args.seed)
     net = load_unet(resolve_model(args.model), device=device, dtype=torch.float32).train()
     convention = args.convention or getattr(net, "convention", None) or "sigma"
-    paths = cifar_fast.choose(net, device, compile=args.compile, reuse_old_losses=args.reuse_old_losses,
-                              steps=args.sample_steps, convention=convention, autocast=autocast)
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, betas=tuple(args.adam_betas),
-                                 eps=args.adam_eps, weight_decay=0.0, fused=paths.fused_adam or None)  # app:cifar
-    reward_fn = make_reward(args.reward, device=device, classifier_path=args.classifier_path,
-                            simclr_path=args.simclr_path, clip_model=args.clip_model,
-                            clip_pretrained=args.clip_pretrained)
+    paths = cifar_fast.choose(
+        net,
+        device,
+        compile=args.compile,
+        reuse_old_losses=args.reuse_old_losses,
+        steps=args.sample_steps,
+        convention=convention,
+        autocast=autocast,
+    )
+    optimizer = torch.optim.Adam(
+        net.parameters(),
+        lr=args.learning_rate,
+        betas=tuple(args.adam_betas),
+        eps=args.adam_eps,
+        weight_decay=0.0,
+        fused=paths.fused_adam or None,
+    )  # app:cifar
+    reward_fn = make_reward(
+        args.reward,
+        device=device,
+        classifier_path=args.classifier_path,
+        simclr_path=args.simclr_path,
+        clip_model=args.clip_model,
+        clip_pretrained=args.clip_pretrained,
+    )
     vgen = make_generator(args.seed, "validation")
     val_latents = torch.randn((args.val_banks * args.val_bank_size, 3, 32, 32), generator=vgen).to(device)
-    rule = WeightingRule(args.weighting, bins=args.bins, alpha=args.alpha, target=args.target,
-                         alpha_early=args.alpha_early, alpha_late=args.alpha_late, k0=args.k0, k1=args.k1,
-                         eta=args.eta, online_kappa=args.online_kappa, online_decay=args.online_decay,
-                         online_init=args.online_init, refit_eta=args.refit_eta, refit_every=args.refit_every,
-                         estimator=args.estimator, g=args.g)
-    run = Run(args=args, device=device, net=net, paths=paths, optimizer=optimizer, reward_fn=reward_fn,
-              convention=convention, autocast=autocast, rule=rule, val_latents=val_latents, history=[])
+    rule = WeightingRule(
+        args.weighting,
+        bins=args.bins,
+        alpha=args.alpha,
+        target=args.target,
+        alpha_early=args.alpha_early,
+        alpha_late=args.alpha_late,
+        k0=args.k0,
+        k1=args.k1,
+        eta=args.eta,
+        online_kappa=args.online_kappa,
+        online_decay=args.online_decay,
+        online_init=args.online_init,
+        refit_eta=args.refit_eta,
+        refit_every=args.refit_every,
+        estimator=args.estimator,
+        g=args.g,
+    )
+    run = Run(
+        args=args,
+        device=device,
+        net=net,
+        paths=paths,
+        optimizer=optimizer,
+        reward_fn=reward_fn,
+        convention=convention,
+        autocast=autocast,
+        rule=rule,
+        val_latents=val_latents,
+        history=[],
+    )
     if rf is not None and rf.resuming:
         ckpt = rf.load_checkpoint(map_location="cpu")  # also restores every RNG state
         net.load_state_dict(ckpt["model"])
@@ -403,7 +499,9 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
     else:
         rule.bank_losses = build_calibration_bank(net, args, device, convention, autocast)
         if rule.wants_fit(-1):  # static rules measure output coherence once on the initial model
-            u, v, _ = fit_coherence(net, reward_fn, args, make_generator(args.seed, "fit", 0), device, convention, autocast)
+            u, v, _ = fit_coherence(
+                net, reward_fn, args, make_generator(args.seed, "fit", 0), device, convention, autocast
+            )
             rule.observe(-1, u, v)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # hand the set-up's large temporary batches back (concurrent runs share a GPU)
@@ -417,7 +515,7 @@ def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor
     chunk = chunk or (run.val_latents.shape[0] if run.args.compile else 128)
     images, rewards = [], []
     for s in range(0, run.val_latents.shape[0], chunk):
-        x = run.paths.sampler(run.val_latents[s:s + chunk])
+        x = run.paths.sampler(run.val_latents[s : s + chunk])
         rewards.append(run.reward_fn(x).float().cpu())
         if not images:
             images.append(x[:64].cpu())
@@ -439,35 +537,62 @@ def should_stop(history: List[Dict[str, float]], args: Args) -> Optional[str]:
     gain = peak - initial
     if gain > 0 and len(vals) >= args.stop_degrade_nodes:
         threshold = peak - args.stop_degrade_frac * gain
-        if all(v < threshold for v in vals[-args.stop_degrade_nodes:]):
+        if all(v < threshold for v in vals[-args.stop_degrade_nodes :]):
             return "degradation"
     if len(vals) - 1 - best_idx >= args.stop_patience:
-        if max(vals[best_idx + 1:]) <= max(vals[: best_idx + 1]) + args.stop_min_delta:
+        if max(vals[best_idx + 1 :]) <= max(vals[: best_idx + 1]) + args.stop_min_delta:
             return "plateau"
     return None
 
 
 # TensorBoard tags of the metrics (CleanRL's charts/ and losses/ groups); other keys go under charts/.
-TAGS = {"train_reward_mean": "charts/train_reward", "loss": "losses/loss", "clip_frac": "losses/clip_frac",
-        "ratio_mean": "losses/ratio_mean", "ratio_max_dev": "losses/ratio_max_dev", "grad_norm": "losses/grad_norm",
-        "velocity_loss": "losses/velocity_loss", "a_k": "weighting/a_k", "alpha": "weighting/alpha",
-        "c_x0": "weighting/c_x0", "time_s": "perf/time_s", "unix_time": "perf/unix_time"}
+TAGS = {
+    "train_reward_mean": "charts/train_reward",
+    "loss": "losses/loss",
+    "clip_frac": "losses/clip_frac",
+    "ratio_mean": "losses/ratio_mean",
+    "ratio_max_dev": "losses/ratio_max_dev",
+    "grad_norm": "losses/grad_norm",
+    "velocity_loss": "losses/velocity_loss",
+    "a_k": "weighting/a_k",
+    "alpha": "weighting/alpha",
+    "c_x0": "weighting/c_x0",
+    "time_s": "perf/time_s",
+    "unix_time": "perf/unix_time",
+}
 
 
 def checkpoint(run: Run, rf: RunFolder):
-    rf.save_checkpoint({"k": run.k, "model": run.net.state_dict(), "optimizer": run.optimizer.state_dict(),
-                        "weighting": run.rule.state_dict(), "history": run.history, "status": run.status})
+    rf.save_checkpoint(
+        {
+            "k": run.k,
+            "model": run.net.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "weighting": run.rule.state_dict(),
+            "history": run.history,
+            "status": run.status,
+        }
+    )
 
 
 def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
     """summary.json: status, updates done, the per-run peak (eq:peak) and where it was."""
     hist = run.history
     best = max(hist, key=lambda h: h["val_reward"]) if hist else None
-    return rf.write_summary({
-        "run_name": run.args.run_name, "status": run.status, "stop_reason": run.stop_reason, "updates_done": run.k,
-        "peak": best["val_reward"] if best else None, "peak_update": best["update"] if best else None,
-        "initial_val_reward": hist[0]["val_reward"] if hist else None,
-        "final_val_reward": hist[-1]["val_reward"] if hist else None, "c_x0": run.rule.c_ref, "validation": hist})
+    return rf.write_summary(
+        {
+            "run_name": run.args.run_name,
+            "status": run.status,
+            "stop_reason": run.stop_reason,
+            "updates_done": run.k,
+            "peak": best["val_reward"] if best else None,
+            "peak_update": best["update"] if best else None,
+            "initial_val_reward": hist[0]["val_reward"] if hist else None,
+            "final_val_reward": hist[-1]["val_reward"] if hist else None,
+            "c_x0": run.rule.c_ref,
+            "validation": hist,
+        }
+    )
 
 
 def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
@@ -483,13 +608,21 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         if k % args.val_every == 0 and not any(h["update"] == k for h in run.history):
             val, images = validate(run)
             run.history.append({"update": k, "val_reward": val})
-            rf.log({"kind": "validation", "update": k, "val_reward": val}, step=k, tags={"val_reward": "charts/val_reward"})
-            rf.plot_curve([h["update"] for h in run.history], [h["val_reward"] for h in run.history],
-                          "update", f"validation reward ({args.reward})")
+            rf.log(
+                {"kind": "validation", "update": k, "val_reward": val}, step=k, tags={"val_reward": "charts/val_reward"}
+            )
+            rf.plot_curve(
+                [h["update"] for h in run.history],
+                [h["val_reward"] for h in run.history],
+                "update",
+                f"validation reward ({args.reward})",
+            )
             if args.save_samples:
                 rf.save_images(images, f"update_{k:05d}")
             if args.verbose:
-                say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(h['val_reward'] for h in run.history):.4f}")
+                say(
+                    f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(h['val_reward'] for h in run.history):.4f}"
+                )
             if not math.isfinite(val):
                 run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
                 break
@@ -500,7 +633,9 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         if k % args.checkpoint_every == 0:
             checkpoint(run, rf)
         if k >= end:
-            run.status, run.stop_reason = ("finished", "max updates") if k >= args.num_updates else ("paused", f"paused at update {k}")
+            run.status, run.stop_reason = (
+                ("finished", "max updates") if k >= args.num_updates else ("paused", f"paused at update {k}")
+            )
             break
         if rf.stop_requested:  # Ctrl-C / SIGTERM: stop between updates; the checkpoint below keeps update k-1
             run.status, run.stop_reason = "interrupted", f"{rf.signal_name} at update {k}"
@@ -513,14 +648,17 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         # 3: the weighting at update k: bin law q_k and calibrated scale a_k
         plan = rule.plan(k)
         # 4: rollouts from the old policy, rewards, group advantages (all detached)
-        latents = to_device(torch.randn((args.batch_size, 3, 32, 32), generator=make_generator(args.seed, "rollout", k)), device)
+        latents = to_device(
+            torch.randn((args.batch_size, 3, 32, 32), generator=make_generator(args.seed, "rollout", k)), device
+        )
         x = fast.sampler(latents)
         with torch.no_grad():
             rewards = run.reward_fn(x).float()
         adv = group_advantages(rewards, args.group_size, args.adv_eps)
         # 5: M paired (t, eps) draws per sample, their multipliers (a_k, or a_k w(t) for the explicit estimator)
-        t, eps = draw_times_and_noise(plan, args.batch_size, args.mc_draws, make_generator(args.seed, "draws", k),
-                                      (3, 32, 32), device)
+        t, eps = draw_times_and_noise(
+            plan, args.batch_size, args.mc_draws, make_generator(args.seed, "draws", k), (3, 32, 32), device
+        )
         mult = draw_multipliers(plan, t).float()
         # 6: current and old losses on the same endpoints, times and noises
         l_new = velocity_losses(fast.fwd, x, t, eps, run.convention, run.autocast)
@@ -533,21 +671,49 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
         r = ratio.detach()
-        values = torch.stack([rewards.mean(), rewards.std(), loss.detach(), r.mean(), (r - 1).abs().max(),
-                              ((r - 1).abs() > args.clip_ratio).float().mean(), l_new.detach().mean(),
-                              torch.isfinite(rewards).all().float(), grad_norm.float()]).tolist()  # one host sync
+        values = torch.stack(
+            [
+                rewards.mean(),
+                rewards.std(),
+                loss.detach(),
+                r.mean(),
+                (r - 1).abs().max(),
+                ((r - 1).abs() > args.clip_ratio).float().mean(),
+                l_new.detach().mean(),
+                torch.isfinite(rewards).all().float(),
+                grad_norm.float(),
+            ]
+        ).tolist()  # one host sync
         finite_loss = math.isfinite(values[2]) and values[7] == 1.0
-        metrics = {"kind": "update", "update": k, "train_reward_mean": values[0], "train_reward_std": values[1],
-                   "loss": values[2], "ratio_mean": values[3], "ratio_max_dev": values[4], "clip_frac": values[5],
-                   "velocity_loss": values[6], "alpha": rule.alpha(k), "a_k": float(plan.scale),
-                   "q": [round(float(v), 6) for v in plan.q], "grad_norm": values[8] if finite_loss else float("nan")}
+        metrics = {
+            "kind": "update",
+            "update": k,
+            "train_reward_mean": values[0],
+            "train_reward_std": values[1],
+            "loss": values[2],
+            "ratio_mean": values[3],
+            "ratio_max_dev": values[4],
+            "clip_frac": values[5],
+            "velocity_loss": values[6],
+            "alpha": rule.alpha(k),
+            "a_k": float(plan.scale),
+            "q": [round(float(v), 6) for v in plan.q],
+            "grad_norm": values[8] if finite_loss else float("nan"),
+        }
         finite = finite_loss and math.isfinite(values[8])
         if finite:
             run.optimizer.step()
             # online rules: fit on one fresh batch after update k, deployed at update k+1 (eq:online)
             if rule.wants_fit(k):
-                u, v, fit_reward = fit_coherence(net, run.reward_fn, args, make_generator(args.seed, "fit", k + 1),
-                                                 device, run.convention, run.autocast)
+                u, v, fit_reward = fit_coherence(
+                    net,
+                    run.reward_fn,
+                    args,
+                    make_generator(args.seed, "fit", k + 1),
+                    device,
+                    run.convention,
+                    run.autocast,
+                )
                 metrics.update(fit_reward=fit_reward, **rule.observe(k, u, v))
         metrics.update(time_s=time.perf_counter() - t0, unix_time=time.time())
         rf.log(metrics, step=k, tags=TAGS)
@@ -557,8 +723,10 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         run.k = k + 1
         bar.update(1)
         if args.verbose:
-            say(f"update {k:4d}  reward {values[0]:.4f}  loss {values[2]:+.5f}  |r-1|max {values[4]:.4f}  "
-                f"clip {values[5]:.2f}  gnorm {values[8]:.3f}  a_k {plan.scale:.3f}  {metrics['time_s']:.2f}s")
+            say(
+                f"update {k:4d}  reward {values[0]:.4f}  loss {values[2]:+.5f}  |r-1|max {values[4]:.4f}  "
+                f"clip {values[5]:.2f}  gnorm {values[8]:.3f}  a_k {plan.scale:.3f}  {metrics['time_s']:.2f}s"
+            )
     bar.close()
     if run.status != "nonfinite":
         checkpoint(run, rf)
@@ -568,22 +736,49 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
 def main(args: Args) -> Dict[str, Any]:
     """Run (or resume) one training run in `runs_dir/run_name`; returns its summary."""
     args = resolve_args(args)
-    rf = RunFolder(args.runs_dir, args.run_name, asdict(args), resume=args.resume, may_change=MAY_CHANGE,
-                   track=args.track, wandb_project_name=args.wandb_project_name, wandb_entity=args.wandb_entity)
+    rf = RunFolder(
+        args.runs_dir,
+        args.run_name,
+        asdict(args),
+        resume=args.resume,
+        may_change=MAY_CHANGE,
+        track=args.track,
+        wandb_project_name=args.wandb_project_name,
+        wandb_entity=args.wandb_entity,
+    )
     with rf:
         run = setup(args, rf)
-        print(f"run {rf.path}  device {run.device}  model {args.model}  reward {args.reward}  weighting "
-              f"{weighting_label(args)}  C_x0 = S(q_x0) = {run.rule.c_ref:.8f}", flush=True)
+        print(
+            f"run {rf.path}  device {run.device}  model {args.model}  reward {args.reward}  weighting "
+            f"{weighting_label(args)}  C_x0 = S(q_x0) = {run.rule.c_ref:.8f}",
+            flush=True,
+        )
         if rf.resuming:  # drop the rows written after the checkpoint: the re-run writes them again
             done = {h["update"] for h in run.history}
-            rf.truncate_metrics(lambda r: r["kind"] == "calibration" or (r["kind"] == "update" and r["update"] < run.k)
-                                or (r["kind"] == "validation" and r["update"] in done))
+            rf.truncate_metrics(
+                lambda r: (
+                    r["kind"] == "calibration"
+                    or (r["kind"] == "update" and r["update"] < run.k)
+                    or (r["kind"] == "validation" and r["update"] in done)
+                )
+            )
         else:
-            rf.log({"kind": "calibration", "update": -1, "c_x0": run.rule.c_ref,
-                    "bank_size": int(run.rule.bank_losses.shape[0])}, step=0, tags=TAGS)
+            rf.log(
+                {
+                    "kind": "calibration",
+                    "update": -1,
+                    "c_x0": run.rule.c_ref,
+                    "bank_size": int(run.rule.bank_losses.shape[0]),
+                },
+                step=0,
+                tags=TAGS,
+            )
         result = train(run, rf)
-    print(f"done: status {result['status']} ({result['stop_reason']}), peak {result['peak']} "
-          f"at update {result['peak_update']}", flush=True)
+    print(
+        f"done: status {result['status']} ({result['stop_reason']}), peak {result['peak']} "
+        f"at update {result['peak_update']}",
+        flush=True,
+    )
     return result
 
 

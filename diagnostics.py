@@ -40,7 +40,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -50,8 +50,7 @@ import tyro
 
 import cifar_fpo
 from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision
-from fpo_utils.runfolder import strict
-from fpo_utils.runfolder import RunError
+from fpo_utils.runfolder import RunError, strict
 from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images, velocity_losses
 from rewards import make_reward
 from weighting import WeightingRule, coherence_from_moments
@@ -137,10 +136,19 @@ def gram_statistics(gram: np.ndarray, n_batches: int, n_bins: int) -> Dict[str, 
     c_fluct = np.where((dn[:, None] > 0) & (dn[None, :] > 0), c_fluct, np.nan)
     tr_n = float(np.trace(N))
     return {
-        "C_within": c_within, "C_cross": c_cross, "within_counts": n_within, "cross_counts": n_cross,
-        "W": W, "K": K, "N": N, "C_fluct": c_fluct,
-        "trK": float(np.trace(K)), "trN": tr_n, "S": float(np.trace(K)) / tr_n if tr_n != 0 else float("nan"),
-        "norms": norms, "rms": float(np.sqrt(np.mean(sq))),
+        "C_within": c_within,
+        "C_cross": c_cross,
+        "within_counts": n_within,
+        "cross_counts": n_cross,
+        "W": W,
+        "K": K,
+        "N": N,
+        "C_fluct": c_fluct,
+        "trK": float(np.trace(K)),
+        "trN": tr_n,
+        "S": float(np.trace(K)) / tr_n if tr_n != 0 else float("nan"),
+        "norms": norms,
+        "rms": float(np.sqrt(np.mean(sq))),
         "zero_norm_vectors": int((~valid).sum()),
     }
 
@@ -154,7 +162,7 @@ def paired_control_cosines(gram: np.ndarray, n_batches: int, n_bins: int) -> Tup
     """
     gram = np.asarray(gram, dtype=np.float64)
     nb = int(n_bins)
-    idx = np.r_[0:nb, n_batches * nb:(n_batches + 1) * nb]
+    idx = np.r_[0:nb, n_batches * nb : (n_batches + 1) * nb]
     sub = gram[np.ix_(idx, idx)]
     st = gram_statistics(sub, 2, nb)
     return st["C_cross"], st["cross_counts"]
@@ -215,8 +223,13 @@ def default_memory_bytes(device: torch.device) -> int:
     return 2 * 1024**3
 
 
-def streamed_gram(grad_fn: Callable[[int], Sequence[Optional[torch.Tensor]]], params: Sequence[torch.Tensor],
-                  n_vectors: int, memory_bytes: int, device: torch.device) -> Tuple[np.ndarray, Dict[str, Any]]:
+def streamed_gram(
+    grad_fn: Callable[[int], Sequence[Optional[torch.Tensor]]],
+    params: Sequence[torch.Tensor],
+    n_vectors: int,
+    memory_bytes: int,
+    device: torch.device,
+) -> Tuple[np.ndarray, Dict[str, Any]]:
     """Gram matrix ``G G^T`` (float64, n_vectors^2) of flattened gradients ``G_k = grad_fn(k)``.
 
     ``grad_fn(k)`` returns one gradient per parameter (None = zero) and must be deterministic in
@@ -234,15 +247,21 @@ def streamed_gram(grad_fn: Callable[[int], Sequence[Optional[torch.Tensor]]], pa
     for lo, hi in slices:
         for k in range(n_vectors):
             grads = grad_fn(k)
-            flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                              for g, p in zip(grads, params)])
+            flat = torch.cat(
+                [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
+            )
             buf[k, : hi - lo] = flat[lo:hi]
             del flat, grads
         for s in range(0, hi - lo, step):
-            blk = buf[:, s:min(hi - lo, s + step)].double()
+            blk = buf[:, s : min(hi - lo, s + step)].double()
             gram += blk @ blk.T
-    info = {"parameters": total, "vectors": n_vectors, "slice_width": width, "passes": len(slices),
-            "buffer_bytes": 4 * n_vectors * width}
+    info = {
+        "parameters": total,
+        "vectors": n_vectors,
+        "slice_width": width,
+        "passes": len(slices),
+        "buffer_bytes": 4 * n_vectors * width,
+    }
     return gram.cpu().numpy(), info
 
 
@@ -277,14 +296,21 @@ def load_cifar_checkpoint(checkpoint: str, device) -> Tuple[UNet2D, Dict[str, An
         net = load_unet(resolve_model(run_args["model"]), device=device)
         ckpt = torch.load(path, map_location=device, weights_only=False)
         net.load_state_dict(ckpt["model"])
-        meta = {"source": str(path), "run": folder.name, "k": int(ckpt.get("k", 0)), "run_args": run_args,
-                "alpha": run_alpha(run_args, int(ckpt.get("k", 0)))}
+        meta = {
+            "source": str(path),
+            "run": folder.name,
+            "k": int(ckpt.get("k", 0)),
+            "run_args": run_args,
+            "alpha": run_alpha(run_args, int(ckpt.get("k", 0))),
+        }
         return net.eval(), meta
     try:
         net = load_unet(resolve_model(str(checkpoint)), device=device)
     except (ValueError, RunError):
-        raise ValueError(f"--checkpoint {checkpoint!r} is neither a cifar_fpo run folder, a checkpoint file, "
-                         f"nor a diffusers model folder") from None
+        raise ValueError(
+            f"--checkpoint {checkpoint!r} is neither a cifar_fpo run folder, a checkpoint file, "
+            f"nor a diffusers model folder"
+        ) from None
     return net.eval(), {"source": str(checkpoint), "run": Path(checkpoint).name, "k": 0, "run_args": {}, "alpha": None}
 
 
@@ -307,9 +333,22 @@ def draw_bin_draws(n_bins: int, n: int, m: int, gen: torch.Generator, shape=(3, 
     return t.float(), eps
 
 
-def make_cifar_batches(net, reward_fn, convention: str, n_batches: int, batch_size: int, group_size: int,
-                       draws_per_endpoint: int, n_bins: int, sample_steps: int, seed: int, device,
-                       autocast=None, adv_eps: float = 1e-6, control: bool = True) -> List[DiagBatch]:
+def make_cifar_batches(
+    net,
+    reward_fn,
+    convention: str,
+    n_batches: int,
+    batch_size: int,
+    group_size: int,
+    draws_per_endpoint: int,
+    n_bins: int,
+    sample_steps: int,
+    seed: int,
+    device,
+    autocast=None,
+    adv_eps: float = 1e-6,
+    control: bool = True,
+) -> List[DiagBatch]:
     """``n_batches`` independent on-policy batches, plus (``control``) the paired control: batch 0's
     initial noise, endpoints, raw rewards and group advantages with freshly drawn times and
     corruption noises (app:cifar-gradients)."""
@@ -330,9 +369,17 @@ def make_cifar_batches(net, reward_fn, convention: str, n_batches: int, batch_si
     return out
 
 
-def cifar_grad_fn(net, batches: Sequence[DiagBatch], n_bins: int, convention: str, autocast=None,
-                  old_net=None, clip_ratio: float = DIAG_RATIO_CLIP, log_clip: float = DIAG_LOG_CLIP,
-                  ratio_dev: Optional[Dict[int, float]] = None):
+def cifar_grad_fn(
+    net,
+    batches: Sequence[DiagBatch],
+    n_bins: int,
+    convention: str,
+    autocast=None,
+    old_net=None,
+    clip_ratio: float = DIAG_RATIO_CLIP,
+    log_clip: float = DIAG_LOG_CLIP,
+    ratio_dev: Optional[Dict[int, float]] = None,
+):
     """``k -> grads`` of the equal-bin, unweighted diagnostic loss of batch ``k // n_bins``, bin
     ``k % n_bins``: ``r = exp(clip(D, -20, 20))`` with D the draw-mean per-dimension loss difference
     (old minus current), ``l_b = -mean min(r A, clip(r, .92, 1.08) A)`` (app:cifar-gradients;
@@ -404,7 +451,9 @@ def draw_panel(ax, matrix: np.ndarray, labels: Sequence[str], title: str = "", t
     m = np.asarray(matrix, dtype=np.float64)
     n = m.shape[0]
     if m.shape != (n, n) or len(labels) != n:
-        raise ValueError(f"matrix shape {m.shape} and {len(labels)} labels do not match; expected a square n x n matrix")
+        raise ValueError(
+            f"matrix shape {m.shape} and {len(labels)} labels do not match; expected a square n x n matrix"
+        )
     order = list(range(n - 1, -1, -1))
     z = np.ma.masked_invalid(display_transform(np.clip(m[np.ix_(order, order)], -1.0, 1.0), tau))
     im = ax.imshow(z, cmap=cosine_cmap(tau), vmin=-1.0, vmax=1.0, interpolation="nearest")
@@ -416,9 +465,16 @@ def draw_panel(ax, matrix: np.ndarray, labels: Sequence[str], title: str = "", t
     return im
 
 
-def save_atlas(path: Union[str, Path], panels: Sequence[Sequence[Optional[Tuple[np.ndarray, str]]]],
-               labels: Sequence[str], row_titles: Sequence[str] = (), col_titles: Sequence[str] = (),
-               title: str = "", cell: int = 16, tau: float = DISPLAY_TAU) -> Path:
+def save_atlas(
+    path: Union[str, Path],
+    panels: Sequence[Sequence[Optional[Tuple[np.ndarray, str]]]],
+    labels: Sequence[str],
+    row_titles: Sequence[str] = (),
+    col_titles: Sequence[str] = (),
+    title: str = "",
+    cell: int = 16,
+    tau: float = DISPLAY_TAU,
+) -> Path:
     """A grid of panels (rows = profiles, columns = phases or checkpoints) with one colour bar whose
     ticks are raw cosines placed at their display coordinate. ``panels[r][c]`` is (matrix, panel
     title) or None for an empty cell; ``cell`` is the size of one matrix entry in points."""
@@ -456,8 +512,14 @@ def save_atlas(path: Union[str, Path], panels: Sequence[Sequence[Optional[Tuple[
     return path
 
 
-def save_heatmap(path: Union[str, Path], matrix: np.ndarray, labels: Sequence[str], title: str = "",
-                 cell: int = 20, tau: float = DISPLAY_TAU) -> Path:
+def save_heatmap(
+    path: Union[str, Path],
+    matrix: np.ndarray,
+    labels: Sequence[str],
+    title: str = "",
+    cell: int = 20,
+    tau: float = DISPLAY_TAU,
+) -> Path:
     """One panel with its colour bar as a PNG."""
     return save_atlas(path, [[(matrix, title)]], labels, cell=cell, tau=tau)
 
@@ -548,8 +610,13 @@ def _check_positive(**values):
 
 def run_gram(cmd: Gram) -> Dict[str, Any]:
     """Compute and write the CIFAR gram diagnostics; returns the JSON summary."""
-    _check_positive(batches=cmd.batches, bins=cmd.bins, draws_per_bin=cmd.draws_per_bin,
-                    batch_size=cmd.batch_size, group_size=cmd.group_size)
+    _check_positive(
+        batches=cmd.batches,
+        bins=cmd.bins,
+        draws_per_bin=cmd.draws_per_bin,
+        batch_size=cmd.batch_size,
+        group_size=cmd.group_size,
+    )
     if cmd.batches < 2:
         raise ValueError(f"--batches {cmd.batches} must be >= 2 (cross-batch cosines need two batches)")
     if cmd.draws_per_bin % cmd.batch_size:
@@ -567,17 +634,33 @@ def run_gram(cmd: Gram) -> Dict[str, Any]:
     reward = cmd.reward or run_args.get("reward") or "auto-a35"
     steps = cmd.sample_steps or run_args.get("sample_steps") or 20
     alpha = cmd.alpha if cmd.alpha is not None else meta["alpha"]
-    reward_fn = make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
-                                      simclr_path=run_args.get("simclr_path"),
-                                      clip_model=run_args.get("clip_model", "ViT-B-32"),
-                                      clip_pretrained=run_args.get("clip_pretrained"))
+    reward_fn = make_reward(
+        reward,
+        device=device,
+        classifier_path=run_args.get("classifier_path"),
+        simclr_path=run_args.get("simclr_path"),
+        clip_model=run_args.get("clip_model", "ViT-B-32"),
+        clip_pretrained=run_args.get("clip_pretrained"),
+    )
     old_net = None
     if cmd.old_checkpoint:
         old_net, _ = load_cifar_checkpoint(cmd.old_checkpoint, device)
         old_net.requires_grad_(False)
-    batches = make_cifar_batches(net, reward_fn, convention, cmd.batches, cmd.batch_size, cmd.group_size,
-                                 cmd.draws_per_bin // cmd.batch_size, cmd.bins, steps, cmd.seed, device, autocast,
-                                 control=cmd.control)
+    batches = make_cifar_batches(
+        net,
+        reward_fn,
+        convention,
+        cmd.batches,
+        cmd.batch_size,
+        cmd.group_size,
+        cmd.draws_per_bin // cmd.batch_size,
+        cmd.bins,
+        steps,
+        cmd.seed,
+        device,
+        autocast,
+        control=cmd.control,
+    )
     t_sample = time.perf_counter() - t0
     ratio_dev: Dict[int, float] = {}
     net.train()
@@ -597,17 +680,33 @@ def run_gram(cmd: Gram) -> Dict[str, Any]:
         out = Path("diagnostics") / name
     summary = summarise(stats, c_paired)
     info = {
-        "command": "gram", "checkpoint": meta["source"], "name": name, "k": meta["k"], "alpha": alpha,
-        "reward": reward, "batches": cmd.batches, "bins": cmd.bins, "draws_per_bin": cmd.draws_per_bin,
-        "batch_size": cmd.batch_size, "group_size": cmd.group_size, "sample_steps": steps, "seed": cmd.seed,
-        "control": cmd.control, "device": str(device), "precision": cmd.precision,
+        "command": "gram",
+        "checkpoint": meta["source"],
+        "name": name,
+        "k": meta["k"],
+        "alpha": alpha,
+        "reward": reward,
+        "batches": cmd.batches,
+        "bins": cmd.bins,
+        "draws_per_bin": cmd.draws_per_bin,
+        "batch_size": cmd.batch_size,
+        "group_size": cmd.group_size,
+        "sample_steps": steps,
+        "seed": cmd.seed,
+        "control": cmd.control,
+        "device": str(device),
+        "precision": cmd.precision,
         "batch_reward_mean": [float(b.rewards.mean()) for b in batches[: cmd.batches]],
         "ratio_max_dev": [ratio_dev.get(i, 0.0) for i in range(len(batches))],
         "ratio_outside_clip": any(v > DIAG_RATIO_CLIP for v in ratio_dev.values()),
-        "layout": layout, "time_s": elapsed, "sampling_time_s": t_sample, **summary,
+        "layout": layout,
+        "time_s": elapsed,
+        "sampling_time_s": t_sample,
+        **summary,
     }
-    arrays = {k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts",
-                                    "cross_counts", "norms")}
+    arrays = {
+        k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts", "cross_counts", "norms")
+    }
     arrays["gram"] = gram
     arrays["bin_edges"] = np.linspace(0.0, 1.0, cmd.bins + 1)
     if c_paired is not None:
@@ -620,9 +719,13 @@ def run_gram(cmd: Gram) -> Dict[str, Any]:
     save_heatmap(out / "fluct.png", stats["C_fluct"], labels, f"{tag}: fluctuation correlation")
     if c_paired is not None:
         save_heatmap(out / "paired.png", c_paired, labels, f"{tag}: paired control")
-    print(f"gram {name} k={meta['k']} alpha={_fmt(alpha)}: mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} "
-          f"within {summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f}  RMS {summary['rms']:.4g}  "
-          f"{elapsed:.1f}s ({layout['passes']} pass(es)) -> {out}", flush=True)
+    print(
+        f"gram {name} k={meta['k']} alpha={_fmt(alpha)}: "
+        f"mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} "
+        f"within {summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f}  RMS {summary['rms']:.4g}  "
+        f"{elapsed:.1f}s ({layout['passes']} pass(es)) -> {out}",
+        flush=True,
+    )
     return info
 
 
@@ -663,25 +766,56 @@ def run_coherence(cmd: Coherence) -> Dict[str, Any]:
     run_args = meta["run_args"]
     convention = run_args.get("convention") or getattr(net, "convention", None) or "sigma"
     reward = cmd.reward or run_args.get("reward") or "auto-a35"
-    fit_args = cifar_fpo.resolve_args(replace(cifar_fpo.Args(), reward=reward, fit_batch_size=cmd.fit_batch_size,
-                                              batch_size=cmd.fit_batch_size, group_size=cmd.group_size,
-                                              coherence_draws=cmd.draws, bins=cmd.bins,
-                                              sample_steps=cmd.sample_steps or run_args.get("sample_steps") or 20))
-    reward_fn = make_reward(reward, device=device, classifier_path=run_args.get("classifier_path"),
-                                      simclr_path=run_args.get("simclr_path"))
+    fit_args = cifar_fpo.resolve_args(
+        replace(
+            cifar_fpo.Args(),
+            reward=reward,
+            fit_batch_size=cmd.fit_batch_size,
+            batch_size=cmd.fit_batch_size,
+            group_size=cmd.group_size,
+            coherence_draws=cmd.draws,
+            bins=cmd.bins,
+            sample_steps=cmd.sample_steps or run_args.get("sample_steps") or 20,
+        )
+    )
+    reward_fn = make_reward(
+        reward, device=device, classifier_path=run_args.get("classifier_path"), simclr_path=run_args.get("simclr_path")
+    )
     us, vs, rs = [], [], []
     for i in range(cmd.batches):
         u, v, r = cifar_fpo.fit_coherence(net, reward_fn, fit_args, _generator(cmd.seed, 3, i), device, convention)
         us.append(u), vs.append(v), rs.append(r)
     U, V = np.mean(us, axis=0), np.mean(vs, axis=0)
     c = coherence_from_moments(U, V)
-    out = Path(cmd.out) if cmd.out else (Path(meta["source"]).parent.parent / "diagnostics" / f"coherence_k{meta['k']:05d}"
-                                         if run_args else Path("diagnostics") / meta["run"])
-    info = {"command": "coherence", "checkpoint": meta["source"], "k": meta["k"], "reward": reward,
-            "batches": cmd.batches, "fit_batch_size": cmd.fit_batch_size, "draws": cmd.draws,
-            "coherence": c, "U": U, "V": V, "fit_reward_mean": float(np.mean(rs))}
-    write_result(out, "coherence", {"coherence": c, "U": U, "V": V, "U_batches": np.array(us), "V_batches": np.array(vs)}, info)
-    print("coherence c_b (b0 noisy .. b%d clean): %s -> %s" % (cmd.bins - 1, " ".join(f"{x:.4f}" for x in c), out), flush=True)
+    out = (
+        Path(cmd.out)
+        if cmd.out
+        else (
+            Path(meta["source"]).parent.parent / "diagnostics" / f"coherence_k{meta['k']:05d}"
+            if run_args
+            else Path("diagnostics") / meta["run"]
+        )
+    )
+    info = {
+        "command": "coherence",
+        "checkpoint": meta["source"],
+        "k": meta["k"],
+        "reward": reward,
+        "batches": cmd.batches,
+        "fit_batch_size": cmd.fit_batch_size,
+        "draws": cmd.draws,
+        "coherence": c,
+        "U": U,
+        "V": V,
+        "fit_reward_mean": float(np.mean(rs)),
+    }
+    write_result(
+        out, "coherence", {"coherence": c, "U": U, "V": V, "U_batches": np.array(us), "V_batches": np.array(vs)}, info
+    )
+    print(
+        "coherence c_b (b0 noisy .. b%d clean): %s -> %s" % (cmd.bins - 1, " ".join(f"{x:.4f}" for x in c), out),
+        flush=True,
+    )
     return info
 
 
@@ -728,13 +862,19 @@ def response_stats(d_plus: np.ndarray, d_minus: np.ndarray) -> Dict[str, float]:
 
 
 @torch.no_grad()
-def local_response(reward_fn, anchors: torch.Tensor, bands: Sequence[str] = tuple(BANDS),
-                   amplitudes: Sequence[float] = AMPLITUDES, directions: int = 1, seed: int = 0,
-                   chunk: int = 256) -> Dict[str, Dict[str, Dict[str, float]]]:
+def local_response(
+    reward_fn,
+    anchors: torch.Tensor,
+    bands: Sequence[str] = tuple(BANDS),
+    amplitudes: Sequence[float] = AMPLITUDES,
+    directions: int = 1,
+    seed: int = 0,
+    chunk: int = 256,
+) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``{band: {amplitude: {M, C, O, DD}}}`` for anchors (N,3,32,32) in [-1,1]. Amplitudes are in
     [0,1] image units (2/255 = two grey levels), i.e. x +- 2 a delta with max|delta| = 1 in the
     [-1,1] representation; perturbed images are clipped to the valid range."""
-    base = torch.cat([reward_fn(anchors[s:s + chunk]).double().cpu() for s in range(0, len(anchors), chunk)])
+    base = torch.cat([reward_fn(anchors[s : s + chunk]).double().cpu() for s in range(0, len(anchors), chunk)])
     out: Dict[str, Dict[str, Dict[str, float]]] = {}
     for bi, band in enumerate(bands):
         delta = band_noise(len(anchors) * directions, band, _generator(seed, 4, bi)).float().to(anchors.device)
@@ -744,10 +884,14 @@ def local_response(reward_fn, anchors: torch.Tensor, bands: Sequence[str] = tupl
             dp, dm = np.zeros((len(anchors), directions)), np.zeros((len(anchors), directions))
             for k in range(directions):
                 for s in range(0, len(anchors), chunk):
-                    x = anchors[s:s + chunk]
-                    d = 2.0 * amp * delta[s:s + chunk, k]
-                    dp[s:s + chunk, k] = (reward_fn((x + d).clamp(-1, 1)).double().cpu() - base[s:s + chunk]).numpy()
-                    dm[s:s + chunk, k] = (reward_fn((x - d).clamp(-1, 1)).double().cpu() - base[s:s + chunk]).numpy()
+                    x = anchors[s : s + chunk]
+                    d = 2.0 * amp * delta[s : s + chunk, k]
+                    dp[s : s + chunk, k] = (
+                        reward_fn((x + d).clamp(-1, 1)).double().cpu() - base[s : s + chunk]
+                    ).numpy()
+                    dm[s : s + chunk, k] = (
+                        reward_fn((x - d).clamp(-1, 1)).double().cpu() - base[s : s + chunk]
+                    ).numpy()
             out[band][f"{amp * 255:g}/255"] = response_stats(dp, dm)
     return out
 
@@ -781,11 +925,18 @@ def run_response(cmd: Response) -> Dict[str, Any]:
     convention = meta["run_args"].get("convention") or getattr(net, "convention", None) or "sigma"
     reward_fn = make_reward(cmd.reward, device=device)
     latents = torch.randn((cmd.anchors, 3, 32, 32), generator=_generator(cmd.seed, 5)).to(device)
-    anchors = torch.cat([sample_images(net, latents[s:s + 256], cmd.sample_steps, convention)
-                         for s in range(0, cmd.anchors, 256)])
+    anchors = torch.cat(
+        [sample_images(net, latents[s : s + 256], cmd.sample_steps, convention) for s in range(0, cmd.anchors, 256)]
+    )
     res = local_response(reward_fn, anchors, directions=cmd.directions, seed=cmd.seed)
-    info = {"command": "response", "checkpoint": meta["source"], "reward": cmd.reward, "anchors": cmd.anchors,
-            "directions": cmd.directions, "response": res}
+    info = {
+        "command": "response",
+        "checkpoint": meta["source"],
+        "reward": cmd.reward,
+        "anchors": cmd.anchors,
+        "directions": cmd.directions,
+        "response": res,
+    }
     names = [(b, a) for b in res for a in res[b]]
     arr = np.array([[res[b][a][s] for s in ("M", "C", "O", "DD")] for b, a in names])
     write_result(Path(cmd.out), "response", {"table": arr, "rows": np.array([f"{b} {a}" for b, a in names])}, info)
@@ -816,8 +967,12 @@ def robot_labels(objective: str, edges: np.ndarray) -> List[str]:
     return [f"{1 - (a + b) / 2:.2f}" for a, b in zip(edges[:-1], edges[1:])]
 
 
-def phase_average(records: Sequence[Dict[str, Any]], windows: Sequence[Tuple[float, float]], key: str = "position",
-                  matrix: str = "matrix") -> List[Dict[str, Any]]:
+def phase_average(
+    records: Sequence[Dict[str, Any]],
+    windows: Sequence[Tuple[float, float]],
+    key: str = "position",
+    matrix: str = "matrix",
+) -> List[Dict[str, Any]]:
     """Phase panels: within each window [lo, hi] (inclusive, on ``record[key]``), average the
     checkpoint matrices within each seed, then average seeds with equal weight
     (app:robotics-new-geometry). Each record has ``seed``, ``key`` and ``matrix``. Returns per window
@@ -832,13 +987,19 @@ def phase_average(records: Sequence[Dict[str, Any]], windows: Sequence[Tuple[flo
             out.append({"matrix": None, "seeds": 0, "checkpoints": 0})
             continue
         per_seed = [np.nanmean(np.stack(ms), axis=0) for ms in by_seed.values()]
-        out.append({"matrix": np.nanmean(np.stack(per_seed), axis=0), "seeds": len(per_seed),
-                    "checkpoints": sum(len(v) for v in by_seed.values())})
+        out.append(
+            {
+                "matrix": np.nanmean(np.stack(per_seed), axis=0),
+                "seeds": len(per_seed),
+                "checkpoints": sum(len(v) for v in by_seed.values()),
+            }
+        )
     return out
 
 
-def robot_gradients(actor, obs, x, adv, edges: np.ndarray, objective: str, draws: int, gen: torch.Generator,
-                    chunk: int = 65536):
+def robot_gradients(
+    actor, obs, x, adv, edges: np.ndarray, objective: str, draws: int, gen: torch.Generator, chunk: int = 65536
+):
     """``k -> grads`` of the forced r = 1 diagnostic for one batch: bin b's gradient of
     ``1/(N M) sum_n A_n sum_m l(t_nm, eps_nm)`` with t in bin b (FPO: the grid value; FPO++: uniform
     in the bin), l = robot_fpo.draw_losses of the objective, unweighted and unclipped
@@ -851,7 +1012,9 @@ def robot_gradients(actor, obs, x, adv, edges: np.ndarray, objective: str, draws
     if objective == "fpo":
         ts = [torch.full((n, draws), float(edges[b])) for b in range(nb)]
     else:
-        ts = [float(edges[b]) + float(edges[b + 1] - edges[b]) * torch.rand((n, draws), generator=gen) for b in range(nb)]
+        ts = [
+            float(edges[b]) + float(edges[b + 1] - edges[b]) * torch.rand((n, draws), generator=gen) for b in range(nb)
+        ]
     eps = [torch.randn((n, draws, d), generator=gen) for _ in range(nb)]
     params = [p for p in actor.parameters() if p.requires_grad]
     dev = x.device
@@ -903,7 +1066,9 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
         path = path / "checkpoints" / "last.pt"
     folder = path.parent.parent
     if not path.is_file() or not (folder / "args.json").is_file():
-        raise ValueError(f"--checkpoint {cmd.checkpoint!r}: expected a robot_fpo run folder with args.json and checkpoints/last.pt")
+        raise ValueError(
+            f"--checkpoint {cmd.checkpoint!r}: expected a robot_fpo run folder with args.json and checkpoints/last.pt"
+        )
     t0 = time.perf_counter()
     raw = json.loads((folder / "args.json").read_text())
     rargs = replace(robot_fpo.Args(), **{k: v for k, v in raw.items() if k in robot_fpo.Args.__dataclass_fields__})
@@ -936,7 +1101,9 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
             if rargs.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             adv = adv.clamp(-rargs.adv_clamp, rargs.adv_clamp)
-        grads.append(robot_gradients(state.actor, obs, x, adv, edges, rargs.objective, draws, _generator(cmd.seed, 7, i)))
+        grads.append(
+            robot_gradients(state.actor, obs, x, adv, edges, rargs.objective, draws, _generator(cmd.seed, 7, i))
+        )
     state.envs.close()
     params = grads[0][1]
     gram, layout = streamed_gram(lambda k: grads[k // nb][0](k % nb), params, cmd.batches * nb, 1 << 30, device)
@@ -949,19 +1116,39 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
     labels = [robot_labels(rargs.objective, edges)[b] for b in active]
     alpha = robot_fpo.current_alpha(rargs, global_step)
     out = Path(cmd.out) if cmd.out else folder / "diagnostics" / f"robot_gram_u{update:06d}"
-    info = {"command": "robot-gram", "checkpoint": str(path), "run": folder.name, "env_id": rargs.env_id,
-            "objective": rargs.objective, "seed": rargs.seed, "update": update, "global_step": global_step,
-            "block": global_step // rargs.block_size, "alpha": alpha, "profile": _profile_label(rargs),
-            "batches": cmd.batches, "draws": draws, "active_bins": active, "labels": labels,
-            "layout": layout, "time_s": time.perf_counter() - t0, **summary}
-    arrays = {k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts", "cross_counts", "norms")}
+    info = {
+        "command": "robot-gram",
+        "checkpoint": str(path),
+        "run": folder.name,
+        "env_id": rargs.env_id,
+        "objective": rargs.objective,
+        "seed": rargs.seed,
+        "update": update,
+        "global_step": global_step,
+        "block": global_step // rargs.block_size,
+        "alpha": alpha,
+        "profile": _profile_label(rargs),
+        "batches": cmd.batches,
+        "draws": draws,
+        "active_bins": active,
+        "labels": labels,
+        "layout": layout,
+        "time_s": time.perf_counter() - t0,
+        **summary,
+    }
+    arrays = {
+        k: stats[k] for k in ("C_within", "C_cross", "W", "K", "N", "C_fluct", "within_counts", "cross_counts", "norms")
+    }
     arrays.update(gram=gram, bin_edges=edges, active_bins=active)
     write_result(out, "robot_gram", arrays, info)
     tag = f"{rargs.env_id} {rargs.objective} {info['profile']} u={update}"
     save_heatmap(out / "cross.png", stats["C_cross"], labels, f"{tag}: cross-batch cosine")
     save_heatmap(out / "within.png", stats["C_within"], labels, f"{tag}: within-batch cosine")
-    print(f"robot-gram {tag}: mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} within "
-          f"{summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f} -> {out}", flush=True)
+    print(
+        f"robot-gram {tag}: mean off-diagonal cross {summary['C_cross']['offdiag_mean']:.4f} within "
+        f"{summary['C_within']['offdiag_mean']:.4f}  S {summary['S']:.4f} -> {out}",
+        flush=True,
+    )
     return info
 
 
@@ -999,7 +1186,9 @@ def parse_windows(text: str) -> List[Tuple[float, float]]:
         try:
             lo, hi = (float(v) for v in part.strip().split("-"))
         except ValueError:
-            raise ValueError(f"--windows {text!r}: expected 'lo-hi,lo-hi,...' with numbers, e.g. 0-400,500-900") from None
+            raise ValueError(
+                f"--windows {text!r}: expected 'lo-hi,lo-hi,...' with numbers, e.g. 0-400,500-900"
+            ) from None
         if hi < lo:
             raise ValueError(f"--windows {text!r}: window {part!r} has hi < lo")
         out.append((lo, hi))
@@ -1020,8 +1209,15 @@ def run_robot_phases(cmd: RobotPhases) -> Dict[str, Any]:
             labels = info["labels"]
         elif info["labels"] != labels:
             raise ValueError(f"result {r!r} has bins {info['labels']}, others {labels}; phase averages need equal bins")
-        records.append({"seed": info["seed"], "block": info["block"], "update": info["update"],
-                        "profile": info.get("profile", ""), "matrix": arrays[cmd.matrix]})
+        records.append(
+            {
+                "seed": info["seed"],
+                "block": info["block"],
+                "update": info["update"],
+                "profile": info.get("profile", ""),
+                "matrix": arrays[cmd.matrix],
+            }
+        )
     if not records:
         raise ValueError("--results is empty; give robot_gram.npz files")
     default = PHASES["fpopp-cartpole" if cmd.cartpole else objective]
@@ -1029,20 +1225,44 @@ def run_robot_phases(cmd: RobotPhases) -> Dict[str, Any]:
     windows = parse_windows(cmd.windows) if cmd.windows else list(default[1])
     profiles = sorted({r["profile"] for r in records})
     panels, table = [], {}
-    names = [f"{PHASE_NAMES[i] if i < len(PHASE_NAMES) else i} {unit} {lo:g}-{hi:g}" for i, (lo, hi) in enumerate(windows)]
+    names = [
+        f"{PHASE_NAMES[i] if i < len(PHASE_NAMES) else i} {unit} {lo:g}-{hi:g}" for i, (lo, hi) in enumerate(windows)
+    ]
     arrays = {}
     for prof in profiles:
         res = phase_average([r for r in records if r["profile"] == prof], windows, key=unit)
-        panels.append([(r["matrix"], f"{prof} {names[i]} ({r['seeds']} seeds)") if r["matrix"] is not None else None
-                       for i, r in enumerate(res)])
-        table[prof] = [{"phase": names[i], "seeds": r["seeds"], "checkpoints": r["checkpoints"],
-                        **(block_summary(r["matrix"]) if r["matrix"] is not None else {})} for i, r in enumerate(res)]
+        panels.append(
+            [
+                (r["matrix"], f"{prof} {names[i]} ({r['seeds']} seeds)") if r["matrix"] is not None else None
+                for i, r in enumerate(res)
+            ]
+        )
+        table[prof] = [
+            {
+                "phase": names[i],
+                "seeds": r["seeds"],
+                "checkpoints": r["checkpoints"],
+                **(block_summary(r["matrix"]) if r["matrix"] is not None else {}),
+            }
+            for i, r in enumerate(res)
+        ]
         for i, r in enumerate(res):
             if r["matrix"] is not None:
                 arrays[f"{prof}|{i}"] = r["matrix"]
     out = Path(cmd.out)
-    write_result(out, "phases", arrays, {"command": "robot-phases", "matrix": cmd.matrix, "unit": unit,
-                                         "windows": windows, "labels": labels, "phases": table})
+    write_result(
+        out,
+        "phases",
+        arrays,
+        {
+            "command": "robot-phases",
+            "matrix": cmd.matrix,
+            "unit": unit,
+            "windows": windows,
+            "labels": labels,
+            "phases": table,
+        },
+    )
     save_atlas(out / "atlas.png", panels, labels, profiles, names, title=f"{objective} {cmd.matrix}: phase averages")
     return {"phases": table}
 
@@ -1073,9 +1293,12 @@ class Heatmap:
 def run_heatmap(cmd: Heatmap) -> Path:
     arrays, info = read_result(cmd.result)
     if cmd.matrix not in arrays or cmd.matrix not in ("C_cross", "C_within", "C_fluct", "C_paired"):
-        raise ValueError(f"--matrix {cmd.matrix!r} is not in the result; available: "
-                         f"{', '.join(k for k in arrays if k.startswith('C_'))}")
-    title = cmd.title or f"{info.get('name', info.get('run', ''))} k={info.get('k', info.get('update'))} alpha={_fmt(info.get('alpha'))}: {cmd.matrix}"
+        raise ValueError(
+            f"--matrix {cmd.matrix!r} is not in the result; available: "
+            f"{', '.join(k for k in arrays if k.startswith('C_'))}"
+        )
+    name, k = info.get("name", info.get("run", "")), info.get("k", info.get("update"))
+    title = cmd.title or f"{name} k={k} alpha={_fmt(info.get('alpha'))}: {cmd.matrix}"
     out = Path(cmd.out) if cmd.out else Path(cmd.result).with_name(f"{cmd.matrix}.png")
     return save_heatmap(out, arrays[cmd.matrix], _labels_of(arrays, info), title)
 
@@ -1102,10 +1325,15 @@ def run_atlas(cmd: Atlas) -> Path:
     labels = None
     for arrays, info in loaded:
         if cmd.matrix not in arrays:
-            raise ValueError(f"--matrix {cmd.matrix!r} missing in a result; available: {', '.join(k for k in arrays if k.startswith('C_'))}")
+            raise ValueError(
+                f"--matrix {cmd.matrix!r} missing in a result; available: "
+                f"{', '.join(k for k in arrays if k.startswith('C_'))}"
+            )
         prof = info.get("profile") or f"alpha={_fmt(info.get('alpha'))}"
         pos = info.get("k", info.get("update", 0))
-        rows.setdefault(prof, []).append((pos, arrays[cmd.matrix], f"{info.get('name', info.get('run', ''))} k={pos} {prof}"))
+        rows.setdefault(prof, []).append(
+            (pos, arrays[cmd.matrix], f"{info.get('name', info.get('run', ''))} k={pos} {prof}")
+        )
         labels = labels or _labels_of(arrays, info)
     names = sorted(rows)
     cols = sorted({p for v in rows.values() for p, _, _ in v})
@@ -1128,8 +1356,9 @@ def _commands():
 def main(argv: Optional[Sequence[str]] = None):
     """Parse ``argv`` into one of the commands and run it."""
     cmds = _commands()
-    cmd = tyro.extras.subcommand_cli_from_dict({name: cls for name, (cls, _) in cmds.items()}, args=argv,
-                                               description=__doc__.split("\n\n")[0])
+    cmd = tyro.extras.subcommand_cli_from_dict(
+        {name: cls for name, (cls, _) in cmds.items()}, args=argv, description=__doc__.split("\n\n")[0]
+    )
     runner = {cls: fn for cls, fn in cmds.values()}[type(cmd)]
     return runner(cmd)
 

@@ -115,7 +115,16 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
-from fpo_utils.runfolder import CHECKPOINT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, flag_values, read_jsonl
+from fpo_utils.runfolder import (
+    CHECKPOINT,
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_IO,
+    RunError,
+    atomic_write_text,
+    flag_values,
+    read_jsonl,
+)
 
 ROOT = Path(__file__).resolve().parent
 CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
@@ -139,6 +148,7 @@ def keep_count(k: int) -> int:
 def rank_candidates(scores: Mapping[float, float]) -> List[float]:
     """Exponents ordered best first by score; exact ties favour the smaller exponent
     (app:search-settings) and non-finite scores (failed arms) come last."""
+
     def key(a):
         s = scores[a]
         return (0, -s, a) if math.isfinite(s) else (1, 0.0, a)
@@ -299,8 +309,9 @@ def _trainer(spec) -> str:
         return "cifar"
     if isinstance(spec, (RobotTournament, RobotGrid)):
         return "robot"
-    raise ValueError(f"sweep spec of type {type(spec).__name__} is not one of CifarTournament, RobotTournament, "
-                     "CifarGrid, RobotGrid")
+    raise ValueError(
+        f"sweep spec of type {type(spec).__name__} is not one of CifarTournament, RobotTournament, CifarGrid, RobotGrid"
+    )
 
 
 def _write_json(obj: Any, path: Path) -> None:
@@ -313,10 +324,19 @@ def arm_state(folder: Path, score_key: str) -> Dict[str, Any]:
     folder = Path(folder)
     summary = folder / "summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {}
-    curve = {int(r["update"]): float(r[score_key]) for r in read_jsonl(folder / "metrics.jsonl")
-             if r.get(score_key) is not None}
-    return {"run": str(folder), "updates_done": int(s.get("updates_done") or 0), "status": s.get("status"),
-            "stop_reason": s.get("stop_reason"), "has_checkpoint": (folder / CHECKPOINT).exists(), "curve": curve}
+    curve = {
+        int(r["update"]): float(r[score_key])
+        for r in read_jsonl(folder / "metrics.jsonl")
+        if r.get(score_key) is not None
+    }
+    return {
+        "run": str(folder),
+        "updates_done": int(s.get("updates_done") or 0),
+        "status": s.get("status"),
+        "stop_reason": s.get("stop_reason"),
+        "has_checkpoint": (folder / CHECKPOINT).exists(),
+        "curve": curve,
+    }
 
 
 class ArmInterrupted(Exception):
@@ -395,8 +415,12 @@ def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
     if ray is not None:
         have = ray.cluster_resources()
         if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0):
-            print(f"warning: an arm needs {cpus:g} CPUs and {gpus:g} GPUs, the Ray cluster has {have.get('CPU', 0):g} "
-                  f"and {have.get('GPU', 0):g}: arms wait until nodes that large join", file=sys.stderr, flush=True)
+            print(
+                f"warning: an arm needs {cpus:g} CPUs and {gpus:g} GPUs, the Ray cluster has {have.get('CPU', 0):g} "
+                f"and {have.get('GPU', 0):g}: arms wait until nodes that large join",
+                file=sys.stderr,
+                flush=True,
+            )
     return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
 
 
@@ -426,8 +450,9 @@ def _run_segments(jobs: List[Dict[str, Any]], spec, ray, resources: Dict[str, fl
         return results, failures
     import halving as module  # so that workers import run_segment by name, also when this file is __main__
 
-    task = ray.remote(module.run_segment).options(max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted],
-                                                  **resources)
+    task = ray.remote(module.run_segment).options(
+        max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted], **resources
+    )
     refs = {task.remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job["key"] for job in jobs}
     pending = list(refs)
     try:
@@ -485,11 +510,14 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
     if not rungs or any(r < 1 for r in rungs) or any(b <= a for a, b in zip(rungs, rungs[1:])):
         raise ValueError(f"--rungs {rungs} must be strictly increasing positive integers (last = full budget)")
     if trainer == "cifar":
-        args = cifar_fpo.resolve_args(replace(spec.train, weighting="fixed", target=None, num_updates=rungs[-1],
-                                              early_stop=False, seed=seeds[0]))
+        args = cifar_fpo.resolve_args(
+            replace(spec.train, weighting="fixed", target=None, num_updates=rungs[-1], early_stop=False, seed=seeds[0])
+        )
         bad = [r for r in rungs if r % args.val_every]
         if bad:
-            raise ValueError(f"--rungs {bad} are not validation nodes; use multiples of --train.val-every {args.val_every}")
+            raise ValueError(
+                f"--rungs {bad} are not validation nodes; use multiples of --train.val-every {args.val_every}"
+            )
         return alphas, seeds, rungs, 1, args
     args = spec.train
     robot_fpo.validate_args(args)
@@ -502,21 +530,40 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
     every = args.checkpoint_every or args.eval_every
     bad = [r for r, u in zip(rungs, upd) if u % args.eval_every or u % every]
     if bad:
-        raise ValueError(f"--rungs {bad} must fall on evaluation and checkpoint updates (multiples of "
-                         f"--train.eval-every {args.eval_every} and --train.checkpoint-every {every})")
+        raise ValueError(
+            f"--rungs {bad} must fall on evaluation and checkpoint updates (multiples of "
+            f"--train.eval-every {args.eval_every} and --train.checkpoint-every {every})"
+        )
     if args.alpha_early is not None or args.alpha_late is not None:
         raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; candidates are fixed exponents")
     return alphas, seeds, upd, per, args
 
 
-def _arm_args(trainer: str, base, alpha: float, seed: int, until: Optional[int], budget: Optional[int],
-              arms_dir: Path, task: Optional[str] = None):
+def _arm_args(
+    trainer: str,
+    base,
+    alpha: float,
+    seed: int,
+    until: Optional[int],
+    budget: Optional[int],
+    arms_dir: Path,
+    task: Optional[str] = None,
+):
     """The trainer arguments of one arm trained up to update `until` of a `budget`-update run (None: the
     run's own budget, for grids); `task` sets the reward (CIFAR) or environment (robots)."""
     name = _arm_name(alpha, seed, task)
     if trainer == "cifar":
-        a = replace(base, weighting="fixed", target=None, alpha=float(alpha), seed=int(seed), until=until,
-                    resume=False, run_name=name, runs_dir=str(arms_dir))
+        a = replace(
+            base,
+            weighting="fixed",
+            target=None,
+            alpha=float(alpha),
+            seed=int(seed),
+            until=until,
+            resume=False,
+            run_name=name,
+            runs_dir=str(arms_dir),
+        )
         if budget is not None:
             a = replace(a, num_updates=int(budget), early_stop=False)
         return replace(a, reward=task) if task else a
@@ -531,10 +578,31 @@ def _arm_args(trainer: str, base, alpha: float, seed: int, until: Optional[int],
 
 def _sweep_config(trainer: str, args, **kw) -> Dict[str, Any]:
     """What defines a sweep's results (the settings of every arm, less the per-arm and placement ones)."""
-    train = {k: v for k, v in asdict(args).items()
-             if k not in ("device", "cuda", "verbose", "save_samples", "run_name", "runs_dir", "until", "resume", "seed",
-                          "alpha", "alpha_eps", "torch_threads", "env_threads", "reward", "env_id", "track",
-                          "wandb_project_name", "wandb_entity")}
+    train = {
+        k: v
+        for k, v in asdict(args).items()
+        if k
+        not in (
+            "device",
+            "cuda",
+            "verbose",
+            "save_samples",
+            "run_name",
+            "runs_dir",
+            "until",
+            "resume",
+            "seed",
+            "alpha",
+            "alpha_eps",
+            "torch_threads",
+            "env_threads",
+            "reward",
+            "env_id",
+            "track",
+            "wandb_project_name",
+            "wandb_entity",
+        )
+    }
     return json.loads(json.dumps({"trainer": trainer, **kw, "train": train}))
 
 
@@ -575,8 +643,15 @@ def run_tournament(spec) -> Dict[str, Any]:
         name = f"halving__{base.reward}__{seeds[0]}"
     else:
         name = f"halving__{base.env_id.replace('/', '_')}__{base.objective}__{seeds[0]}"
-    config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, rungs=[r * per for r in rungs], unit=unit,
-                           task=base.reward if trainer == "cifar" else base.env_id)
+    config = _sweep_config(
+        trainer,
+        base,
+        alphas=alphas,
+        seeds=seeds,
+        rungs=[r * per for r in rungs],
+        unit=unit,
+        task=base.reward if trainer == "cifar" else base.env_id,
+    )
     folder, path = _open_sweep(spec, "tournament", name, config)
     arms_dir = folder / "arms"
     ray, started = _connect(spec)
@@ -600,8 +675,14 @@ def run_tournament(spec) -> Dict[str, Any]:
                     states[arm] = arm_state(arms_dir / arm, score_key)
                     if states[arm]["updates_done"] >= rung or states[arm]["status"] == "nonfinite":
                         continue
-                    jobs.append({"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / f"{arm}__to{rung * per}"),
-                                 "args": _arm_args(trainer, base, a, s, rung, budget, arms_dir)})
+                    jobs.append(
+                        {
+                            "key": arm,
+                            "trainer": trainer,
+                            "pid_file": str(folder / "workers" / f"{arm}__to{rung * per}"),
+                            "args": _arm_args(trainer, base, a, s, rung, budget, arms_dir),
+                        }
+                    )
             print(f"rung {rung * per} {unit}: {len(jobs)} segment(s) of {len(alive)} candidate(s)", flush=True)
             done, failed = _run_segments(jobs, spec, ray, resources)
             states.update(done)
@@ -611,25 +692,42 @@ def run_tournament(spec) -> Dict[str, Any]:
             for a in alive:
                 for s in seeds:
                     if _arm_name(a, s) in failed:
-                        failures[(a, s)] = {"alpha": fmt_label(a), "seed": s, "rung": rung * per,
-                                            "reason": failed[_arm_name(a, s)]}
-            per_seed = {a: [float("nan") if (a, s) in failures else states[_arm_name(a, s)]["curve"].get(rung, float("nan"))
-                            for s in seeds] for a in alive}
-            scores = {a: float(np.mean(v)) if all(math.isfinite(x) for x in v) else float("nan")
-                      for a, v in per_seed.items()}
+                        failures[(a, s)] = {
+                            "alpha": fmt_label(a),
+                            "seed": s,
+                            "rung": rung * per,
+                            "reason": failed[_arm_name(a, s)],
+                        }
+            per_seed = {
+                a: [
+                    float("nan") if (a, s) in failures else states[_arm_name(a, s)]["curve"].get(rung, float("nan"))
+                    for s in seeds
+                ]
+                for a in alive
+            }
+            scores = {
+                a: float(np.mean(v)) if all(math.isfinite(x) for x in v) else float("nan") for a, v in per_seed.items()
+            }
             ranking = rank_candidates(scores)
             finite = [a for a in ranking if math.isfinite(scores[a])]
-            kept = finite[:1] if final else finite[:keep_count(len(alive))]
-            result["rounds"].append({
-                "rung": rung * per,
-                "alive": [fmt_label(a) for a in alive],
-                "scores": {fmt_label(a): scores[a] for a in alive},
-                "per_seed": {fmt_label(a): per_seed[a] for a in alive},
-                "ranking": [fmt_label(a) for a in ranking],
-                "kept": [fmt_label(a) for a in kept],
-                "eliminated": [fmt_label(a) for a in ranking if a not in kept],
-                "failed": {_arm_name(a, s): failed[_arm_name(a, s)] for a in alive for s in seeds if _arm_name(a, s) in failed},
-            })
+            kept = finite[:1] if final else finite[: keep_count(len(alive))]
+            result["rounds"].append(
+                {
+                    "rung": rung * per,
+                    "alive": [fmt_label(a) for a in alive],
+                    "scores": {fmt_label(a): scores[a] for a in alive},
+                    "per_seed": {fmt_label(a): per_seed[a] for a in alive},
+                    "ranking": [fmt_label(a) for a in ranking],
+                    "kept": [fmt_label(a) for a in kept],
+                    "eliminated": [fmt_label(a) for a in ranking if a not in kept],
+                    "failed": {
+                        _arm_name(a, s): failed[_arm_name(a, s)]
+                        for a in alive
+                        for s in seeds
+                        if _arm_name(a, s) in failed
+                    },
+                }
+            )
             _write_json(result, path)
             alive = kept
             if not alive:
@@ -643,30 +741,40 @@ def run_tournament(spec) -> Dict[str, Any]:
                 st = arm_state(arms_dir / _arm_name(a, s), score_key)
                 peak, at = _peak(st)
                 failure = failures.get((a, s))
-                reps.append({"seed": s, "run": st["run"], "trained": st["updates_done"] * per, "status": st["status"],
-                             "peak": peak, "peak_at": at * per if at is not None else None,
-                             "failed": failure["reason"] if failure else None})
+                reps.append(
+                    {
+                        "seed": s,
+                        "run": st["run"],
+                        "trained": st["updates_done"] * per,
+                        "status": st["status"],
+                        "peak": peak,
+                        "peak_at": at * per if at is not None else None,
+                        "failed": failure["reason"] if failure else None,
+                    }
+                )
                 trained += st["updates_done"]
             peaks = [r["peak"] for r in reps]
             arms[fmt_label(a)] = {"peak": float(np.mean(peaks)) if None not in peaks else None, "replicates": reps}
         cost = trained / budget
-        result.update({
-            "status": "finished" if winner is not None else "failed",
-            "winner": fmt_label(winner) if winner is not None else None,
-            "winner_peak": arms[fmt_label(winner)]["peak"] if winner is not None else None,
-            "arms": arms,
-            "failures": list(failures.values()),
-            "cost": {
-                "trained": trained * per,
-                "full_run": budget * per,
-                "unit": unit,
-                "C": cost,
-                "cost_per_replicate": cost / len(seeds),
-                "exhaustive": float(len(alphas) * len(seeds)),
-                "fraction": cost / (len(alphas) * len(seeds)),
-            },
-            "run_info": _run_info(ray, resources, t_start),
-        })
+        result.update(
+            {
+                "status": "finished" if winner is not None else "failed",
+                "winner": fmt_label(winner) if winner is not None else None,
+                "winner_peak": arms[fmt_label(winner)]["peak"] if winner is not None else None,
+                "arms": arms,
+                "failures": list(failures.values()),
+                "cost": {
+                    "trained": trained * per,
+                    "full_run": budget * per,
+                    "unit": unit,
+                    "C": cost,
+                    "cost_per_replicate": cost / len(seeds),
+                    "exhaustive": float(len(alphas) * len(seeds)),
+                    "fraction": cost / (len(alphas) * len(seeds)),
+                },
+                "run_info": _run_info(ray, resources, t_start),
+            }
+        )
         _write_json(result, path)
         return result
     finally:
@@ -694,8 +802,10 @@ def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> Non
         print(f"  alpha={a:>6}  trained {budget:>8} {unit}  peak {arm['peak']}")
     for f in result.get("failures", []):
         print(f"  FAILED alpha={f['alpha']} seed {f['seed']} at rung {f['rung']}: {f['reason']}")
-    print(f"cost C = {c['trained']}/{c['full_run']} = {c['C']:g} full-run equivalents "
-          f"(exhaustive {c['exhaustive']:g}; {100 * c['fraction']:.2f}%)" + (f"  -> {path}" if path else ""))
+    print(
+        f"cost C = {c['trained']}/{c['full_run']} = {c['C']:g} full-run equivalents "
+        f"(exhaustive {c['exhaustive']:g}; {100 * c['fraction']:.2f}%)" + (f"  -> {path}" if path else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,8 +834,13 @@ def run_grid(spec) -> Dict[str, Any]:
         budget = base.num_updates or max(1, base.total_timesteps // (base.num_envs * base.num_steps))
     if len(set(tasks)) != len(tasks):
         raise ValueError(f"tasks {tasks} must be distinct")
-    name = spec.name or "grid__" + "+".join(t.replace("/", "_") for t in tasks) + (
-        f"__{base.objective}" if trainer == "robot" else "") + f"__{seeds[0]}"
+    name = (
+        spec.name
+        or "grid__"
+        + "+".join(t.replace("/", "_") for t in tasks)
+        + (f"__{base.objective}" if trainer == "robot" else "")
+        + f"__{seeds[0]}"
+    )
     config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, tasks=tasks, budget=budget)
     folder, path = _open_sweep(spec, "grid", name, config)
     arms_dir = folder / "arms"
@@ -740,8 +855,14 @@ def run_grid(spec) -> Dict[str, Any]:
             st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
             if st["status"] in FINAL:
                 continue
-            jobs.append({"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / arm),
-                         "args": _arm_args(trainer, base, a, s, None, None, arms_dir, t)})
+            jobs.append(
+                {
+                    "key": arm,
+                    "trainer": trainer,
+                    "pid_file": str(folder / "workers" / arm),
+                    "args": _arm_args(trainer, base, a, s, None, None, arms_dir, t),
+                }
+            )
         print(f"grid {name}: {len(jobs)} of {len(cells)} run(s) to train", flush=True)
         _, failed = _run_segments(jobs, spec, ray, resources)
         runs, trained = [], 0
@@ -750,13 +871,29 @@ def run_grid(spec) -> Dict[str, Any]:
             st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
             peak, at = _peak(st)
             trained += st["updates_done"]
-            runs.append({"task": t, "alpha": fmt_label(a), "seed": s, "run": st["run"], "status": st["status"],
-                         "stop_reason": st["stop_reason"], "trained": st["updates_done"], "peak": peak,
-                         "peak_update": at, "failed": failed.get(arm)})
-        result = {"config": config, "status": "finished", "runs": runs, "table": peak_table(runs, seeds),
-                  "failures": [{k: r[k] for k in ("task", "alpha", "seed", "failed")} for r in runs if r["failed"]],
-                  "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(cells)},
-                  "run_info": _run_info(ray, resources, t_start)}
+            runs.append(
+                {
+                    "task": t,
+                    "alpha": fmt_label(a),
+                    "seed": s,
+                    "run": st["run"],
+                    "status": st["status"],
+                    "stop_reason": st["stop_reason"],
+                    "trained": st["updates_done"],
+                    "peak": peak,
+                    "peak_update": at,
+                    "failed": failed.get(arm),
+                }
+            )
+        result = {
+            "config": config,
+            "status": "finished",
+            "runs": runs,
+            "table": peak_table(runs, seeds),
+            "failures": [{k: r[k] for k in ("task", "alpha", "seed", "failed")} for r in runs if r["failed"]],
+            "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(cells)},
+            "run_info": _run_info(ray, resources, t_start),
+        }
         _write_json(result, path)
         (folder / "grid.md").write_text(grid_markdown(result))
         return result
@@ -771,8 +908,10 @@ def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dic
     as the paper reports them. Runs that failed (raised, or their worker kept dying) are listed, not averaged."""
     rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for r in runs:
-        row = rows.setdefault((r["task"], r["alpha"]), {"task": r["task"], "alpha": r["alpha"], "peaks": {},
-                                                        "nonfinite": [], "failed": []})
+        row = rows.setdefault(
+            (r["task"], r["alpha"]),
+            {"task": r["task"], "alpha": r["alpha"], "peaks": {}, "nonfinite": [], "failed": []},
+        )
         if r["failed"] or r["status"] not in FINAL or r["peak"] is None:
             row["failed"].append(r["seed"])
             continue
@@ -782,8 +921,11 @@ def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dic
     out = []
     for row in rows.values():
         vals = [row["peaks"][str(s)] for s in seeds if str(s) in row["peaks"]]
-        row.update(n=len(vals), mean=float(np.mean(vals)) if vals else None,
-                   sd=float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+        row.update(
+            n=len(vals),
+            mean=float(np.mean(vals)) if vals else None,
+            sd=float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+        )
         out.append(row)
     return out
 
@@ -794,10 +936,15 @@ def grid_markdown(result: Dict[str, Any]) -> str:
     head = ["Task", "alpha", "n", "Peak mean ± SD"] + [f"seed {s}" for s in seeds] + ["Notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in result["table"]:
-        mean = "-" if row["mean"] is None else f"{row['mean']:.6f}" + ("" if row["sd"] is None else f" ± {row['sd']:.6f}")
+        mean = (
+            "-" if row["mean"] is None else f"{row['mean']:.6f}" + ("" if row["sd"] is None else f" ± {row['sd']:.6f}")
+        )
         cells = [f"{row['peaks'][str(s)]:.6f}" if str(s) in row["peaks"] else "failed" for s in seeds]
-        notes = "; ".join([f"non-finite: seed {', '.join(map(str, row['nonfinite']))}"] if row["nonfinite"] else []
-                          + ([f"failed: seed {', '.join(map(str, row['failed']))}"] if row["failed"] else []))
+        notes = "; ".join(
+            [f"non-finite: seed {', '.join(map(str, row['nonfinite']))}"]
+            if row["nonfinite"]
+            else [] + ([f"failed: seed {', '.join(map(str, row['failed']))}"] if row["failed"] else [])
+        )
         lines.append("| " + " | ".join([row["task"], row["alpha"], str(row["n"]), mean] + cells + [notes]) + " |")
     text = "\n".join(lines) + "\n\nPeak: the best evaluation of a run (eq:peak); mean and sample SD over seeds.\n"
     for f in result["failures"]:
@@ -828,7 +975,9 @@ def _running_peaks(curves: Mapping[Any, Any], steps: Sequence[float]) -> Tuple[L
         if x.ndim == 1:
             x = x[None, :]
         if x.ndim != 2 or x.shape[1] != steps.size:
-            raise ValueError(f"curve of candidate {a!r} has shape {np.shape(curves[a])}; expected (seeds, {steps.size})")
+            raise ValueError(
+                f"curve of candidate {a!r} has shape {np.shape(curves[a])}; expected (seeds, {steps.size})"
+            )
         arrays.append(x)
     n_seeds = {x.shape[0] for x in arrays}
     if len(n_seeds) != 1 or 0 in n_seeds:
@@ -862,7 +1011,9 @@ def _select(scores: np.ndarray, cuts: Sequence[int], priority: Sequence[int]) ->
     return order[0], tie
 
 
-def replay(curves: Mapping[Any, Any], steps: Sequence[float], n_draw: int, first_cut: Optional[float]) -> Dict[str, Any]:
+def replay(
+    curves: Mapping[Any, Any], steps: Sequence[float], n_draw: int, first_cut: Optional[float]
+) -> Dict[str, Any]:
     """Successive-halving replay over recorded curves (app:halving-robotics, app:search-settings).
 
     Args:
@@ -884,7 +1035,7 @@ def replay(curves: Mapping[Any, Any], steps: Sequence[float], n_draw: int, first
     if not (isinstance(n_draw, (int, np.integer)) and n_draw >= 1):
         raise ValueError(f"n_draw={n_draw!r} must be an integer >= 1")
     k, s, _ = peaks.shape
-    if s ** n_draw > 2_000_000:
+    if s**n_draw > 2_000_000:
         raise ValueError(f"{s}^{n_draw} draws is too many to enumerate; use a smaller n_draw")
     horizon = steps[-1]
     cuts, cut_info = [], []
@@ -930,7 +1081,7 @@ def replay(curves: Mapping[Any, Any], steps: Sequence[float], n_draw: int, first
         for w, p in outcome.items():
             counts[w] += p
             lo, hi = min(lo, float(pbar[w])), max(hi, float(pbar[w]))
-    total = s ** n_draw
+    total = s**n_draw
     probs = [c / total for c in counts]
     selected = float(sum(float(p) * float(pbar[i]) for i, p in enumerate(probs)))
     best = int(np.argmax(pbar))
@@ -1035,8 +1186,15 @@ def runs_to_curves(paths: Sequence[str], unit: str = "updates", task: Optional[s
             rows.append(row)
         table[lab] = rows
     native = "1" if "1" in labels else None
-    return {"task": task or tasks[0], "unit": unit, "steps": steps, "seeds": seeds, "native": native,
-            "runs": {lab: sum(len(groups[(lab, s)]) for s in seeds) for lab in labels}, "curves": table}
+    return {
+        "task": task or tasks[0],
+        "unit": unit,
+        "steps": steps,
+        "seeds": seeds,
+        "native": native,
+        "runs": {lab: sum(len(groups[(lab, s)]) for s in seeds) for lab in labels},
+        "curves": table,
+    }
 
 
 def _label_key(label: str):
@@ -1051,8 +1209,10 @@ def load_curves(path: str) -> Dict[str, Any]:
     data = json.loads(Path(path).read_text())
     if "steps" not in data or "curves" not in data:
         raise ValueError(f"{path} lacks 'steps' or 'curves'; write it with `python halving.py curves`")
-    data["curves"] = {str(k): np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
-                      for k, rows in data["curves"].items()}
+    data["curves"] = {
+        str(k): np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
+        for k, rows in data["curves"].items()
+    }
     data.setdefault("task", Path(path).stem)
     return data
 
@@ -1094,11 +1254,22 @@ def choice_table(entries: Sequence[Tuple[str, Optional[str], Dict[str, Any]]]) -
     for task, native, res in entries:
         nat = res["pbar"].get(native) if native is not None else None
         delta = f"{res['selected_score'] - nat:+.6f}" if nat is not None else "-"
-        top.append([task, f"{nat:.6f}" if nat is not None else "-", f"{res['selected_score']:.6f}",
-                    f"{res['oracle']:.6f}", delta, f"{res['oracle'] - res['selected_score']:.6f}"])
+        top.append(
+            [
+                task,
+                f"{nat:.6f}" if nat is not None else "-",
+                f"{res['selected_score']:.6f}",
+                f"{res['oracle']:.6f}",
+                delta,
+                f"{res['oracle'] - res['selected_score']:.6f}",
+            ]
+        )
         bottom.append([task, _prob_text(res), str(res["oracle_candidate"]), f"{100 * res['fraction']:.4f}%"])
-    return (_table(["Task", "Native", "Selected", "Oracle", "Delta", "Gap"], top) + "\n\n"
-            + _table(["Task", "Exponent: probability", "Oracle exponent", "Search / exhaustive"], bottom))
+    return (
+        _table(["Task", "Native", "Selected", "Oracle", "Delta", "Gap"], top)
+        + "\n\n"
+        + _table(["Task", "Exponent: probability", "Oracle exponent", "Search / exhaustive"], bottom)
+    )
 
 
 def budget_table(entries: Sequence[Tuple[str, List[Dict[str, Any]]]]) -> str:
@@ -1117,7 +1288,8 @@ def budget_table(entries: Sequence[Tuple[str, List[Dict[str, Any]]]]) -> str:
 
 @dataclass
 class ReplayArgs:
-    """Replay successive halving over recorded curves (app:halving-robotics, tab:halving-choice, tab:halving-budgets)."""
+    """Replay successive halving over recorded curves (app:halving-robotics, tab:halving-choice,
+    tab:halving-budgets)."""
 
     curves: tyro.conf.Positional[Tuple[str, ...]]
     """Curves JSON files, one task each (written by `python halving.py curves`)."""
@@ -1188,8 +1360,14 @@ def _parse_with_preset(cls, argv: List[str]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Any:
-    commands = {"cifar": CifarTournament, "robot": RobotTournament, "cifar-grid": CifarGrid, "robot-grid": RobotGrid,
-                "replay": ReplayArgs, "curves": CurvesArgs}
+    commands = {
+        "cifar": CifarTournament,
+        "robot": RobotTournament,
+        "cifar-grid": CifarGrid,
+        "robot-grid": RobotGrid,
+        "replay": ReplayArgs,
+        "curves": CurvesArgs,
+    }
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("cifar", "robot", "cifar-grid", "robot-grid") and flag_values(argv[1:], "train.preset"):
         cmd = _parse_with_preset(commands[argv[0]], argv[1:])
@@ -1207,8 +1385,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         return run_replay(cmd)
     data = runs_to_curves(cmd.runs, cmd.unit, cmd.task)
     Path(cmd.out).write_text(json.dumps(data, indent=2))
-    print(f"{data['task']}: {len(data['curves'])} candidates x {len(data['seeds'])} seeds x "
-          f"{len(data['steps'])} evaluations -> {cmd.out}")
+    print(
+        f"{data['task']}: {len(data['curves'])} candidates x {len(data['seeds'])} seeds x "
+        f"{len(data['steps'])} evaluations -> {cmd.out}"
+    )
     return data
 
 

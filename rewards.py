@@ -49,7 +49,16 @@ REWARDS = ("auto-a35", "mixed", "edge", "clip", "simclr", "digit7")
 PIXEL_REWARDS = ("red-patch", "mixed-texture", "digit7-structure")
 
 CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 AUTOMOBILE = 1  # app:rewards: "class-1 confidence"
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -154,7 +163,7 @@ def soft_red_map(z: torch.Tensor) -> torch.Tensor:
 def patch_mask(height: int = 32, width: int = 32, device=None) -> torch.Tensor:
     """Boolean (H, W) mask of the patch P: rows 20:28, columns 10:22 (app:rewards)."""
     m = torch.zeros(height, width, dtype=torch.bool, device=device)
-    m[PATCH_ROWS[0]:PATCH_ROWS[1], PATCH_COLS[0]:PATCH_COLS[1]] = True
+    m[PATCH_ROWS[0] : PATCH_ROWS[1], PATCH_COLS[0] : PATCH_COLS[1]] = True
     return m
 
 
@@ -187,7 +196,7 @@ def high_frequency_magnitude(x01: torch.Tensor) -> torch.Tensor:
     """Mixed's ``d = mean_ch sqrt((grad1 e)^2 + (grad2 e)^2 + 1e-12)`` with ``e = x01 - B(x01)``."""
     e = x01 - gaussian_blur(x01)
     g1, g2 = forward_differences(e)
-    return torch.sqrt(g1 ** 2 + g2 ** 2 + MIXED_EPS).mean(dim=1)
+    return torch.sqrt(g1**2 + g2**2 + MIXED_EPS).mean(dim=1)
 
 
 def mixed_texture_attribute(x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +224,7 @@ def sobel_magnitude(g: torch.Tensor) -> torch.Tensor:
     """``sqrt(Sx^2 + Sy^2)`` of (N, 1, H, W) grey images with 3x3 Sobel kernels and reflect padding."""
     gx = _conv3x3(g, _SOBEL_X)
     gy = _conv3x3(g, tuple(zip(*_SOBEL_X)))
-    return torch.sqrt(gx ** 2 + gy ** 2 + MIXED_EPS)
+    return torch.sqrt(gx**2 + gy**2 + MIXED_EPS)
 
 
 def laplacian_magnitude(g: torch.Tensor) -> torch.Tensor:
@@ -240,8 +249,13 @@ def edge_features(x: torch.Tensor) -> torch.Tensor:
     return torch.stack(feats, dim=1)
 
 
-def edge_width(sd, mean, multiplier: float = EDGE_WIDTH_MULTIPLIER, relative_floor: float = EDGE_RELATIVE_FLOOR,
-               absolute_floor: float = EDGE_ABSOLUTE_FLOOR) -> np.ndarray:
+def edge_width(
+    sd,
+    mean,
+    multiplier: float = EDGE_WIDTH_MULTIPLIER,
+    relative_floor: float = EDGE_RELATIVE_FLOOR,
+    absolute_floor: float = EDGE_ABSOLUTE_FLOOR,
+) -> np.ndarray:
     """Calibrated Edge widths ``a_j = max(2.5 sd_j, .05 |mu_j|, .001)`` (app:rewards).
 
     The paper names the width multiplier (2.5), relative floor (.05) and absolute floor (.001);
@@ -283,13 +297,17 @@ def digit7_structure_factors(x: torch.Tensor) -> dict[str, torch.Tensor]:
     cy = (ink * ys).sum(dim=(1, 2)) / (mass + DIGIT7_STABILISER)
     k = DIGIT7_BORDER
     border = torch.ones(h, w, dtype=torch.bool, device=ink.device)
-    border[k:h - k, k:w - k] = False
+    border[k : h - k, k : w - k] = False
     b = masked_mean(ink, border) / (m + DIGIT7_STABILISER)
     std = (1.0 - ink).flatten(1).std(dim=1, unbiased=False)
     return {
-        "m": m, "cx": cx, "cy": cy, "b": b, "std": std,
+        "m": m,
+        "cx": cx,
+        "cy": cy,
+        "b": b,
+        "std": std,
         "occupancy": torch.exp(-(((m - DIGIT7_OCCUPANCY) / DIGIT7_OCCUPANCY_WIDTH) ** 2)),
-        "centroid": torch.exp(-(cx ** 2 + cy ** 2) / DIGIT7_CENTROID_WIDTH ** 2),
+        "centroid": torch.exp(-(cx**2 + cy**2) / DIGIT7_CENTROID_WIDTH**2),
         "border": torch.exp(-b / DIGIT7_BORDER_SCALE),
         "contrast": (std / DIGIT7_CONTRAST).clamp(0.0, 1.0),
     }
@@ -310,7 +328,7 @@ def simclr_score(cos: torch.Tensor, target: int = AUTOMOBILE, tau: float = SIMCL
     if cos.ndim != 2 or not 0 <= target < cos.shape[1]:
         raise ValueError(f"cos must be (N, K) with 0 <= target < K, got shape {tuple(cos.shape)} and target {target}")
     k = cos.shape[1]
-    others = torch.cat([cos[:, :target], cos[:, target + 1:]], dim=1)
+    others = torch.cat([cos[:, :target], cos[:, target + 1 :]], dim=1)
     soft_max_others = tau * (torch.logsumexp(others / tau, dim=1) - math.log(k - 1))
     return torch.sigmoid((cos[:, target] - soft_max_others) / tau)
 
@@ -350,7 +368,12 @@ class CifarClassifier(nn.Module):
         self.normalise = _Normalise()
         layers = [*_conv_bn(3, widths[0]), nn.GELU()]
         for c_in, c_out in zip(widths[:-1], widths[1:]):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.MaxPool2d(2), nn.BatchNorm2d(c_out), nn.GELU()]
+            layers += [
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                nn.MaxPool2d(2),
+                nn.BatchNorm2d(c_out),
+                nn.GELU(),
+            ]
             layers += [*_conv_bn(c_out, c_out), nn.GELU()]
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
@@ -407,8 +430,9 @@ class ProjectionHead(nn.Module):
 
     def __init__(self, dim_in: int, hidden: int = 512, dim_out: int = 128):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(),
-                                 nn.Linear(hidden, dim_out))
+        self.net = nn.Sequential(
+            nn.Linear(dim_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, dim_out)
+        )
 
     def forward(self, h):
         return self.net(h)
@@ -455,7 +479,7 @@ def load_simclr(path=None, device="cpu") -> tuple[SimCLREncoder, torch.Tensor]:
     config = json.loads(_require_file(path.with_suffix(".json"), "SimCLR config").read_text())
     tensors = _load_safetensors(path, device)
     encoder = SimCLREncoder(**config["model"])
-    encoder.load_state_dict({k[len("encoder."):]: v for k, v in tensors.items() if k.startswith("encoder.")})
+    encoder.load_state_dict({k[len("encoder.") :]: v for k, v in tensors.items() if k.startswith("encoder.")})
     prototypes = F.normalize(tensors["prototypes"], dim=1)
     return encoder.to(device).eval().requires_grad_(False), prototypes
 
@@ -478,22 +502,28 @@ def load_openclip(model_name: str = "ViT-B-32", pretrained=None, device="cpu"):
     default: a reward must never run on a randomly initialised CLIP.
     """
     if pretrained is None:
-        raise ValueError(f"CLIP weights for {model_name} are required: pass clip_pretrained=<open_clip tag, "
-                         f"e.g. laion2b_s34b_b79k> or a local weights file (pip install open_clip_torch)")
+        raise ValueError(
+            f"CLIP weights for {model_name} are required: pass clip_pretrained=<open_clip tag, "
+            f"e.g. laion2b_s34b_b79k> or a local weights file (pip install open_clip_torch)"
+        )
     try:
         import open_clip
     except ImportError as exc:
         raise ImportError("the CLIP and Digit7 rewards need open_clip: pip install open_clip_torch") from exc
     is_file = pathlib.Path(str(pretrained)).is_file()
     if not is_file and str(pretrained) not in open_clip.list_pretrained_tags_by_model(model_name):
-        raise ValueError(f"clip_pretrained={pretrained!r} is neither a local file nor an open_clip tag for {model_name}; "
-                         f"tags: {open_clip.list_pretrained_tags_by_model(model_name)}")
+        raise ValueError(
+            f"clip_pretrained={pretrained!r} is neither a local file nor an open_clip tag for {model_name}; "
+            f"tags: {open_clip.list_pretrained_tags_by_model(model_name)}"
+        )
     try:
         model = open_clip.create_model(model_name, pretrained=str(pretrained), device=device, require_pretrained=True)
     except Exception as exc:  # network failure, missing file, wrong architecture
-        raise RuntimeError(f"could not load OpenCLIP {model_name} weights '{pretrained}' ({type(exc).__name__}: {exc}); "
-                           f"download them (open_clip.create_model('{model_name}', pretrained=...)) "
-                           f"or pass a local file") from exc
+        raise RuntimeError(
+            f"could not load OpenCLIP {model_name} weights '{pretrained}' ({type(exc).__name__}: {exc}); "
+            f"download them (open_clip.create_model('{model_name}', pretrained=...)) "
+            f"or pass a local file"
+        ) from exc
     return model.eval().requires_grad_(False), open_clip.get_tokenizer(model_name)
 
 
@@ -536,15 +566,26 @@ def clip_image_embeddings(x: torch.Tensor, model) -> torch.Tensor:
 def pixel_proxy_reward(name: str):
     """Model-free reward parts: ``red-patch`` (Auto-A35 attribute), ``mixed-texture`` (Mixed
     attribute) and ``digit7-structure`` (Digit7's T)."""
-    table = {"red-patch": red_patch_attribute, "mixed-texture": mixed_texture_attribute,
-             "digit7-structure": digit7_structure}
+    table = {
+        "red-patch": red_patch_attribute,
+        "mixed-texture": mixed_texture_attribute,
+        "digit7-structure": digit7_structure,
+    }
     if name not in table:
         raise ValueError(f"unknown pixel reward {name!r}; choose one of {PIXEL_REWARDS}")
     return table[name]
 
 
-def make_reward(name: str, device="cpu", classifier_path=None, simclr_path=None, edge_calibration=None,
-                clip_model: str = "ViT-B-32", clip_pretrained=None, clip_backend=None):
+def make_reward(
+    name: str,
+    device="cpu",
+    classifier_path=None,
+    simclr_path=None,
+    edge_calibration=None,
+    clip_model: str = "ViT-B-32",
+    clip_pretrained=None,
+    clip_backend=None,
+):
     """Build a reward ``images (N, 3, 32, 32) in [-1, 1] -> rewards (N,) float32`` on ``device``.
 
     ``name`` is one of ``REWARDS`` (the paper's six) or ``PIXEL_REWARDS`` (model-free parts).
@@ -565,9 +606,11 @@ def make_reward(name: str, device="cpu", classifier_path=None, simclr_path=None,
             return torch.softmax(classifier(x).float(), dim=1)[:, AUTOMOBILE]
 
         if name == "auto-a35":
+
             def score(x):
                 return p_auto(x) * red_patch_attribute(x)
         else:
+
             def score(x):
                 return p_auto(2.0 * gaussian_blur(to01(x)) - 1.0) * mixed_texture_attribute(x)
     elif name == "edge":
@@ -582,7 +625,9 @@ def make_reward(name: str, device="cpu", classifier_path=None, simclr_path=None,
             cos = F.normalize(encoder(x).float(), dim=1) @ prototypes.T
             return simclr_score(cos, AUTOMOBILE, SIMCLR_TAU)
     else:  # clip, digit7
-        model, tokenizer = clip_backend if clip_backend is not None else load_openclip(clip_model, clip_pretrained, device)
+        model, tokenizer = (
+            clip_backend if clip_backend is not None else load_openclip(clip_model, clip_pretrained, device)
+        )
         model = model.to(device).eval().requires_grad_(False)
         with torch.no_grad():
             if name == "clip":
@@ -590,10 +635,12 @@ def make_reward(name: str, device="cpu", classifier_path=None, simclr_path=None,
             else:
                 text = _text_embeddings(model, tokenizer, (DIGIT7_POSITIVE, *DIGIT7_NEGATIVES), device)
         if name == "clip":
+
             def score(x):
                 cos = clip_image_embeddings(x, model) @ text.T
                 return torch.softmax(CLIP_LOGIT_SCALE * cos, dim=1)[:, AUTOMOBILE]
         else:
+
             def score(x):
                 cos = clip_image_embeddings(x, model) @ text.T
                 semantic = torch.sigmoid(DIGIT7_SEMANTIC_SCALE * (cos[:, 0] - cos[:, 1:].mean(dim=1)))

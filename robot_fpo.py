@@ -44,7 +44,9 @@ class Args:
     never). ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage clamp
     100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
 
-    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
+    preset: Literal["default", "fpo", "fpopp"] = (
+        "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
+    )
     runs_dir: str = "runs"  # parent folder of the run folders
     run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
     seed: int = 1  # seed of the experiment
@@ -54,19 +56,27 @@ class Args:
     cuda_graph: bool = True  # on CUDA, replay each rollout step's torch work and each minibatch step as captured graphs
     tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
     compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (on in the fpo preset)
-    fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo_utils/flow_triton.py; fpo preset)
-    scan_rollout: bool = False  # Playground: the rollout's steps as one JAX scan with a JAX copy of the sampler (fpo preset)
+    fused: bool = (
+        False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo_utils/flow_triton.py; fpo preset)
+    )
+    scan_rollout: bool = (
+        False  # Playground: the rollout's steps as one JAX scan with a JAX copy of the sampler (fpo preset)
+    )
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
     # Environment
     env_id: str = "HalfCheetah-v5"  # envpool id (``Walker2d-v5``, ``WalkerRun-v1``, ...), a gymnasium id, or a Playground task name
-    backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"  # auto: envpool for the ids it has, else gymnasium; playground: MuJoCo Playground on the GPU
+    backend: Literal["auto", "envpool", "gymnasium", "playground"] = (
+        "auto"  # auto: envpool for the ids it has, else gymnasium; playground: MuJoCo Playground on the GPU
+    )
     num_envs: int = 64  # parallel environments
     env_threads: int = 0  # envpool threads (0: one per core)
     episode_length: int = 1000  # time limit of the playground backend (envpool and gymnasium use the id's own limit)
     norm_obs: bool = True  # running observation normalisation (app:robotics)
-    obs_stats: Literal["step", "update"] = "step"  # statistics updated each rollout step (CleanRL), or once per update from its rollout before training (official FPO's RunningStats)
+    obs_stats: Literal["step", "update"] = (
+        "step"  # statistics updated each rollout step (CleanRL), or once per update from its rollout before training (official FPO's RunningStats)
+    )
     norm_reward: bool = True  # divide rewards by the running std of the discounted return (CleanRL)
     reward_scale: float = 1.0  # multiply rewards by this (official FPO: 10)
 
@@ -85,7 +95,9 @@ class Args:
     gae_unroll: int = 0  # 0: GAE over the rollout with its critic; k: official FPO, in each minibatch over unrolls of k steps with the current critic
     num_minibatches: int = 16  # minibatches per epoch
     update_epochs: int = 4  # epochs over each rollout
-    norm_adv: bool = True  # normalise advantages (per minibatch for FPO and with --gae-unroll, else over the rollout for FPO++)
+    norm_adv: bool = (
+        True  # normalise advantages (per minibatch for FPO and with --gae-unroll, else over the rollout for FPO++)
+    )
     clip_coef: float = 0.05  # trust-region width rho (0.05 in both official codes)
     vf_coef: float = 0.25  # coefficient of the value loss (mean squared error)
     max_grad_norm: float = 0.5  # global gradient-norm clip (<= 0 disables)
@@ -100,17 +112,25 @@ class Args:
     critic_act: Literal["tanh", "silu"] = "tanh"  # activation of the value MLP
     time_embed_dim: int = 8  # sinusoidal time-embedding size (even)
     time_embed_base: float = math.pi  # time-embedding frequencies base * 2^k (official FPO: 1)
-    init: Literal["torch", "lecun"] = "torch"  # Linear weights: torch's default, or lecun-uniform with zero biases (official FPO)
+    init: Literal["torch", "lecun"] = (
+        "torch"  # Linear weights: torch's default, or lecun-uniform with zero biases (official FPO)
+    )
     output_scale: float = 0.25  # scale on the velocity output (official FPO: 0.25, FPO++: 1.0)
-    action_squash: Literal["clip", "tanh"] = "tanh"  # how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]
-    action_bound: float = 3.0  # clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded
+    action_squash: Literal["clip", "tanh"] = (
+        "tanh"  # how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]
+    )
+    action_bound: float = (
+        3.0  # clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded
+    )
     actor_ema: float = 0.0  # decay of an EMA copy of the actor used for evaluation (0 disables; official FPO++: 0.95)
     ema_warmup: int = 500  # updates before the EMA starts averaging (before: it copies the actor)
 
     # Timestep weighting and schedules
     alpha_eps: float = 1.0  # FPO exponent: w(s) proportional to s^(2(1-alpha_eps)); 1 is native (app:robotics)
     alpha: float = 1.0  # FPO++ exponent: w(t) proportional to (1-t)^(2(1-alpha)); 1 is native (app:robotics)
-    alpha_early: float | None = None  # schedule start value of the objective's exponent (with --alpha-late, app:schedules)
+    alpha_early: float | None = (
+        None  # schedule start value of the objective's exponent (with --alpha-late, app:schedules)
+    )
     alpha_late: float | None = None  # schedule end value of the objective's exponent
     k0: float = 12.0  # schedule start, in training blocks (robotics A20/W5 schedules: 12)
     k1: float = 36.0  # schedule end, in training blocks (robotics A20/W5 schedules: 36)
@@ -129,7 +149,9 @@ class Args:
     eval_every: int = 10  # evaluate every this many updates (and at update 0 and the last)
     eval_episodes: int = 5  # fixed-seed evaluation episodes
     eval_seed: int = 10_000  # seed of the evaluation episodes
-    eval_init: Literal["native", "zero", "random"] = "native"  # initial noise of evaluation sampling; native: random for FPO, zero for FPO++
+    eval_init: Literal["native", "zero", "random"] = (
+        "native"  # initial noise of evaluation sampling; native: random for FPO, zero for FPO++
+    )
     checkpoint_every: int = 0  # checkpoint (and restart the environments) every this many updates (0: eval_every)
     keep_checkpoints: bool = False  # also keep every checkpoint as checkpoints/update_NNNNNN.pt
 
@@ -138,22 +160,79 @@ PRESETS = {
     "default": Args(),
     # Official FpoConfig (app:robotics): 2048 envs x 480 steps = one block, 16 x 32 minibatches, 61 blocks.
     "fpo": Args(
-        preset="fpo", env_id="WalkerRun-v1", num_envs=2048, num_steps=480, num_minibatches=32, update_epochs=16,
-        total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
-        norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, actor_hidden=32, actor_layers=4,
-        critic_hidden=256, critic_layers=5, critic_act="silu", action_bound=0.0, eval_every=7, eval_episodes=128, gae_unroll=30,
-        obs_stats="update", init="lecun", time_embed_base=1.0, compile=True, fused=True, scan_rollout=True,
+        preset="fpo",
+        env_id="WalkerRun-v1",
+        num_envs=2048,
+        num_steps=480,
+        num_minibatches=32,
+        update_epochs=16,
+        total_timesteps=60_000_000,
+        learning_rate=3e-4,
+        anneal_lr=False,
+        adam_eps=1e-8,
+        gamma=0.995,
+        norm_reward=False,
+        reward_scale=10.0,
+        max_grad_norm=0.0,
+        vf_coef=0.25,
+        actor_hidden=32,
+        actor_layers=4,
+        critic_hidden=256,
+        critic_layers=5,
+        critic_act="silu",
+        action_bound=0.0,
+        eval_every=7,
+        eval_episodes=128,
+        gae_unroll=30,
+        obs_stats="update",
+        init="lecun",
+        time_embed_base=1.0,
+        compile=True,
+        fused=True,
+        scan_rollout=True,
     ),
     "fpopp": Args(
-        preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
-        num_minibatches=4, update_epochs=16, total_timesteps=150 * 1024 * 32, learning_rate=1e-4, anneal_lr=False,
-        weight_decay=1e-4, adam_eps=1e-8, norm_reward=False, num_draws=16, flow_steps=64, vf_coef=1.0,
-        max_grad_norm=1.0, output_scale=1.0, action_bound=0.0, actor_ema=0.95, eval_every=15, eval_episodes=32,
+        preset="fpopp",
+        objective="fpopp",
+        env_id="CartpoleSwingup-v1",
+        num_envs=1024,
+        num_steps=32,
+        num_minibatches=4,
+        update_epochs=16,
+        total_timesteps=150 * 1024 * 32,
+        learning_rate=1e-4,
+        anneal_lr=False,
+        weight_decay=1e-4,
+        adam_eps=1e-8,
+        norm_reward=False,
+        num_draws=16,
+        flow_steps=64,
+        vf_coef=1.0,
+        max_grad_norm=1.0,
+        output_scale=1.0,
+        action_bound=0.0,
+        actor_ema=0.95,
+        eval_every=15,
+        eval_episodes=32,
     ),
 }
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
-MAY_CHANGE = ("total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "scan_rollout", "tf32", "torch_threads",
-              "env_threads", "keep_checkpoints", "runs_dir")
+MAY_CHANGE = (
+    "total_timesteps",
+    "num_updates",
+    "resume",
+    "track",
+    "cuda",
+    "cuda_graph",
+    "compile",
+    "fused",
+    "scan_rollout",
+    "tf32",
+    "torch_threads",
+    "env_threads",
+    "keep_checkpoints",
+    "runs_dir",
+)
 
 
 # ---------------------------------------------------------------- Environments
@@ -165,18 +244,32 @@ def squash(x: torch.Tensor, mode: str) -> torch.Tensor:
 # ---------------------------------------------------------------- Networks
 def mlp(n_in: int, hidden: int, layers: int, n_out: int, act=nn.SiLU) -> nn.Sequential:
     sizes = [n_in] + [hidden] * layers
-    return nn.Sequential(*[m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), act())], nn.Linear(sizes[-1], n_out))
+    return nn.Sequential(
+        *[m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), act())], nn.Linear(sizes[-1], n_out)
+    )
 
 
 class FlowActor(nn.Module):
     """Velocity field ``v(obs, x_t, t)``: an MLP on [obs, x_t, sinusoidal embedding of t]."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int, embed_dim: int, output_scale: float,
-                 embed_base: float = math.pi):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: int,
+        layers: int,
+        embed_dim: int,
+        output_scale: float,
+        embed_base: float = math.pi,
+    ):
         super().__init__()
         if embed_dim % 2:
             raise ValueError(f"time_embed_dim={embed_dim} must be even")
-        self.act_dim, self.output_scale, self.fast_forward = act_dim, output_scale, None  # fast_forward: set in build_state
+        self.act_dim, self.output_scale, self.fast_forward = (
+            act_dim,
+            output_scale,
+            None,
+        )  # fast_forward: set in build_state
         self.register_buffer("freqs", embed_base * 2.0 ** torch.arange(embed_dim // 2, dtype=torch.float32))
         self.net = mlp(obs_dim + act_dim + embed_dim, hidden, layers, act_dim)
 
@@ -213,14 +306,20 @@ class Critic(nn.Module):
 
 
 # ---------------------------------------------------------------- The two objectives
-def sample_draws(n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_draws(
+    n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(t, eps) draws per stored action: FPO t on {0, .1, ..., .9} (s = 1-t on {.1,...,1}), FPO++ t ~ U[t_min, t_max]."""
     if objective == "fpo":
-        return torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE, torch.randn(n, m, d, device=device)
+        return torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE, torch.randn(
+            n, m, d, device=device
+        )
     return t_min + (t_max - t_min) * torch.rand(n, m, device=device), torch.randn(n, m, d, device=device)
 
 
-def draw_losses(actor: FlowActor, obs: torch.Tensor, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, objective: str) -> torch.Tensor:
+def draw_losses(
+    actor: FlowActor, obs: torch.Tensor, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, objective: str
+) -> torch.Tensor:
     """Per-draw flow losses (n, M) at ``x_t = (1-t) eps + t x``: FPO ``|eps_hat - eps|^2 / d`` with
     ``eps_hat = x_t - t v``; FPO++ ``|v - u|^2 / sqrt(d)`` with ``u = x - eps``."""
     n, m, d = eps.shape
@@ -267,8 +366,20 @@ def fpo_loss(l_old, l_new, t, adv, alpha_eps: float, clip_coef: float, w: torch.
     return -ppo_surrogate(ratio, adv, clip_coef).mean(), ratio, d_i
 
 
-def fpopp_loss(l_old, l_new, t, adv, alpha: float, clip_coef: float, mode: str = "aspo", loss_clamp: float = 20.0,
-               ratio_log_clamp: float = 10.0, t_min: float = 0.005, t_max: float = 0.995, w: torch.Tensor | None = None):
+def fpopp_loss(
+    l_old,
+    l_new,
+    t,
+    adv,
+    alpha: float,
+    clip_coef: float,
+    mode: str = "aspo",
+    loss_clamp: float = 20.0,
+    ratio_log_clamp: float = 10.0,
+    t_min: float = 0.005,
+    t_max: float = 0.995,
+    w: torch.Tensor | None = None,
+):
     """FPO++ actor loss (eq:fpopp-objective): both losses clamped at c, the current one again where A < 0
     (official FPO++: ``cfm_loss_clamp_negative_advantages_max``, also 20); ``r_im = exp(C_STE(l_old -
     l_new))``; ``L = -1/(nM) sum w_alpha(t_im) P_TR(r_im, A_i)``, ``adv`` already normalised and clamped."""
@@ -352,7 +463,12 @@ def record_half(state: State, args: Args) -> None:
         state.ret_rms.update(r["ret_acc"])
         reward = (reward / torch.sqrt(state.ret_rms.var + 1e-8)).clamp(-10.0, 10.0)
         r["ret_acc"].mul_(1.0 - done)
-    for key, v in (("rew", reward.float()), ("term", r["term_in"]), ("trunc", r["trunc_in"]), ("final", normalize_obs(r["final_in"], state.obs_rms))):
+    for key, v in (
+        ("rew", reward.float()),
+        ("term", r["term_in"]),
+        ("trunc", r["trunc_in"]),
+        ("final", normalize_obs(r["final_in"], state.obs_rms)),
+    ):
         r[key].index_copy_(0, k, v[None])
     k.add_(1)
 
@@ -377,13 +493,17 @@ def collect_rollout(state: State, args: Args) -> dict:
             envs.step_into(r["action"], r["env_in"])  # one copy of the step's outputs; r[ENV_OUT] are its parts
             state.record()
     state.global_step += T * n
-    obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf, ep = (r[k] for k in ("obs", "x", "final", "rew", "term", "trunc", "ep"))
+    obs_buf, act_buf, final_buf, rew_buf, term_buf, trunc_buf, ep = (
+        r[k] for k in ("obs", "x", "final", "rew", "term", "trunc", "ep")
+    )
 
     with torch.no_grad():
         flat_obs, flat_x = obs_buf.reshape(T * n, -1), act_buf.reshape(T * n, d)
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
-        l_old = torch.cat([draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)])
+        l_old = torch.cat(
+            [draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)]
+        )
         if args.obs_stats == "update" and state.obs_rms is not None:  # official FPO: new statistics from this
             rms = state.obs_rms  # rollout's observations, then every stored observation renormalised with them
             mean, std = rms.mean.clone(), rms.var.sqrt()
@@ -410,8 +530,11 @@ def collect_rollout(state: State, args: Args) -> dict:
         batch["boot"] = batch["boot"][:, -1]  # the observation after each unroll's last step (before any reset)
     return {
         **batch,
-        "episodes": ep_n, "episodic_return": ep_ret if ep_n else None, "episodic_length": ep_len if ep_n else None,
-        "action_abs_mean": float(act_buf.abs().mean()), "action_abs_max": float(act_buf.abs().max()),
+        "episodes": ep_n,
+        "episodic_return": ep_ret if ep_n else None,
+        "episodic_length": ep_len if ep_n else None,
+        "action_abs_mean": float(act_buf.abs().mean()),
+        "action_abs_max": float(act_buf.abs().max()),
     }
 
 
@@ -451,8 +574,20 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
     if args.objective == "fpo":
         pg_loss, ratio, _ = fpo_loss(b["l_old"], l_new, b["t"], adv, 1.0, args.clip_coef, w=b["w"])
     else:
-        pg_loss, ratio = fpopp_loss(b["l_old"], l_new, b["t"], adv.clamp(-args.adv_clamp, args.adv_clamp), 1.0, args.clip_coef,
-                                    args.trust_region, args.loss_clamp, args.ratio_log_clamp, args.t_min, args.t_max, w=b["w"])
+        pg_loss, ratio = fpopp_loss(
+            b["l_old"],
+            l_new,
+            b["t"],
+            adv.clamp(-args.adv_clamp, args.adv_clamp),
+            1.0,
+            args.clip_coef,
+            args.trust_region,
+            args.loss_clamp,
+            args.ratio_log_clamp,
+            args.t_min,
+            args.t_max,
+            w=b["w"],
+        )
     return pg_loss, v_loss, ratio
 
 
@@ -465,8 +600,17 @@ def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Ten
     state.optimizer.step()
     with torch.no_grad():
         r = ratio.detach()
-        return torch.stack([pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(),
-                            ((r - 1.0).abs() > args.clip_coef).float().mean(), gn.to(r.dtype)]).float()
+        return torch.stack(
+            [
+                pg_loss.detach(),
+                v_loss.detach(),
+                r.mean(),
+                r.min(),
+                r.max(),
+                ((r - 1.0).abs() > args.clip_coef).float().mean(),
+                gn.to(r.dtype),
+            ]
+        ).float()
 
 
 def uses_cuda_graph(state: State, args: Args) -> bool:
@@ -499,7 +643,9 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
         table = torch.stack(rows)
     stats = table.cpu().numpy().astype(np.float64)  # the update's one host read
     if not np.isfinite(stats[:, [0, 1, 6]]).all():
-        raise NonFiniteLoss(f"non-finite {'loss' if not np.isfinite(stats[:, :2]).all() else 'gradient norm'} at update {state.update + 1}")
+        raise NonFiniteLoss(
+            f"non-finite {'loss' if not np.isfinite(stats[:, :2]).all() else 'gradient norm'} at update {state.update + 1}"
+        )
     out = {"minibatch_steps": stats.shape[0], **{k: float(stats[:, c].mean()) for c, k in enumerate(STAT_KEYS)}}
     out["ratio_min"], out["ratio_max"] = float(stats[:, 3].min()), float(stats[:, 4].max())
     return out
@@ -526,18 +672,48 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
 
 # ---------------------------------------------------------------- Setup, checkpoints and main
 def validate_args(args: Args) -> None:
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "num_draws", "flow_steps", "eval_every", "eval_episodes", "block_size", "episode_length"):
+    for name in (
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "num_draws",
+        "flow_steps",
+        "eval_every",
+        "eval_episodes",
+        "block_size",
+        "episode_length",
+    ):
         if getattr(args, name) < 1:
             raise RunError(f"{name} must be at least 1, got {getattr(args, name)}")
     for bad, message in (
-        (args.num_envs * args.num_steps < args.num_minibatches, f"num_minibatches={args.num_minibatches}: at most num_envs x num_steps"),
-        (not 0.0 <= args.t_min < args.t_max < 1.0, f"t_min={args.t_min}, t_max={args.t_max}: need 0 <= t_min < t_max < 1"),
+        (
+            args.num_envs * args.num_steps < args.num_minibatches,
+            f"num_minibatches={args.num_minibatches}: at most num_envs x num_steps",
+        ),
+        (
+            not 0.0 <= args.t_min < args.t_max < 1.0,
+            f"t_min={args.t_min}, t_max={args.t_max}: need 0 <= t_min < t_max < 1",
+        ),
         (not math.isfinite(args.action_bound), f"action_bound={args.action_bound}: must be finite (<= 0 disables)"),
-        (args.clip_coef <= 0 or args.anneal_steps < 0, f"clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: need > 0, >= 0"),
+        (
+            args.clip_coef <= 0 or args.anneal_steps < 0,
+            f"clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: need > 0, >= 0",
+        ),
         (not 0.0 <= args.actor_ema < 1.0, f"actor_ema={args.actor_ema}: must be in [0, 1)"),
-        (args.gae_unroll < 0 or (args.gae_unroll and args.num_steps % args.gae_unroll), f"gae_unroll={args.gae_unroll}: must divide num_steps"),
-        (args.gae_unroll and args.num_envs * args.num_steps // args.gae_unroll % args.num_minibatches, "num_minibatches must divide the unrolls"),
-        (args.k1 <= args.k0 and (args.alpha_early, args.alpha_late) != (None, None), f"k1={args.k1}: must be > k0={args.k0}")):
+        (
+            args.gae_unroll < 0 or (args.gae_unroll and args.num_steps % args.gae_unroll),
+            f"gae_unroll={args.gae_unroll}: must divide num_steps",
+        ),
+        (
+            args.gae_unroll and args.num_envs * args.num_steps // args.gae_unroll % args.num_minibatches,
+            "num_minibatches must divide the unrolls",
+        ),
+        (
+            args.k1 <= args.k0 and (args.alpha_early, args.alpha_late) != (None, None),
+            f"k1={args.k1}: must be > k0={args.k0}",
+        ),
+    ):
         if bad:
             raise RunError(message)
     resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
@@ -545,30 +721,72 @@ def validate_args(args: Args) -> None:
 
 def build_state(args: Args, device: torch.device) -> State:
     """Environments, networks, optimiser and normalisers for ``args`` (seed torch first)."""
-    envs = make_envs(args.env_id, args.num_envs, segment_seed(args.seed, 0), args.backend, device, args.env_threads, args.episode_length)
-    actor = FlowActor(envs.obs_dim, envs.act_dim, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale,
-                      args.time_embed_base).to(device)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        segment_seed(args.seed, 0),
+        args.backend,
+        device,
+        args.env_threads,
+        args.episode_length,
+    )
+    actor = FlowActor(
+        envs.obs_dim,
+        envs.act_dim,
+        args.actor_hidden,
+        args.actor_layers,
+        args.time_embed_dim,
+        args.output_scale,
+        args.time_embed_base,
+    ).to(device)
     critic = Critic(envs.obs_dim, args.critic_hidden, args.critic_layers, args.critic_act).to(device)
     for m in (m for net in (actor, critic) for m in net.modules() if isinstance(m, nn.Linear) and args.init == "lecun"):
         nn.init.uniform_(m.weight, -math.sqrt(3.0 / m.in_features), math.sqrt(3.0 / m.in_features))
         nn.init.zeros_(m.bias)
     # One optimiser over both networks (they share no parameters); the fused kernel does the step in one call.
-    optimizer = torch.optim.AdamW(list(actor.parameters()) + list(critic.parameters()), lr=args.learning_rate,
-                                  eps=args.adam_eps, weight_decay=args.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        list(actor.parameters()) + list(critic.parameters()),
+        lr=args.learning_rate,
+        eps=args.adam_eps,
+        weight_decay=args.weight_decay,
+        fused=True,
+    )
     actor.fast_forward = fused_forward(actor, args.fused and device.type == "cuda")  # the EMA copy keeps it
     ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
     evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
-    state = State(envs, actor, critic, optimizer, RunningMeanStd((envs.obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None,
-                  RunningMeanStd((), device) if args.norm_reward else None, device,
-                  pick_sampler(actor, device, graphs, True, args.fused), pick_sampler(evaluated, device, graphs, False, args.fused),
-                  rollout_tensors(args.num_envs, args.num_steps, envs.obs_dim, envs.act_dim, device), None, None, ema)
+    state = State(
+        envs,
+        actor,
+        critic,
+        optimizer,
+        RunningMeanStd((envs.obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None,
+        RunningMeanStd((), device) if args.norm_reward else None,
+        device,
+        pick_sampler(actor, device, graphs, True, args.fused),
+        pick_sampler(evaluated, device, graphs, False, args.fused),
+        rollout_tensors(args.num_envs, args.num_steps, envs.obs_dim, envs.act_dim, device),
+        None,
+        None,
+        ema,
+    )
     state.act, state.record = lambda: policy_half(state, args), lambda: record_half(state, args)  # noqa: E731
     if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched
-        touched = lambda: [*state.roll.values(), *[v for m in (state.obs_rms, state.ret_rms) if m for v in vars(m).values()]]  # noqa: E731
+        touched = lambda: [
+            *state.roll.values(),
+            *[v for m in (state.obs_rms, state.ret_rms) if m for v in vars(m).values()],
+        ]  # noqa: E731
         state.act, state.record = GraphedCall(state.act, touched), GraphedCall(state.record, touched)
     if args.scan_rollout and hasattr(envs, "scan_rollout"):  # Playground; None where statistics move during a rollout
-        state.scan = envs.scan_rollout(actor, state.obs_rms, state.ret_rms, args.flow_steps, args.action_squash, args.action_bound,
-                                       args.reward_scale, args.fpopp_action_noise if args.objective == "fpopp" else 0.0)
+        state.scan = envs.scan_rollout(
+            actor,
+            state.obs_rms,
+            state.ret_rms,
+            args.flow_steps,
+            args.action_squash,
+            args.action_bound,
+            args.reward_scale,
+            args.fpopp_action_noise if args.objective == "fpopp" else 0.0,
+        )
     return state
 
 
@@ -576,8 +794,12 @@ PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a 
 
 
 def checkpoint_payload(state: State) -> dict:
-    return {**{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
-            "update": state.update, "global_step": state.global_step, "peak": state.peak}
+    return {
+        **{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
+        "update": state.update,
+        "global_step": state.global_step,
+        "peak": state.peak,
+    }
 
 
 def load_checkpoint(ckpt, state: State) -> None:
@@ -591,7 +813,11 @@ def load_checkpoint(ckpt, state: State) -> None:
 
 
 def default_run_name(args: Args) -> str:
-    value = current_alpha(args, 0) if args.alpha_early is None and args.alpha_late is None else f"{args.alpha_early}to{args.alpha_late}"
+    value = (
+        current_alpha(args, 0)
+        if args.alpha_early is None and args.alpha_late is None
+        else f"{args.alpha_early}to{args.alpha_late}"
+    )
     name = f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.objective}__{'alpha_eps' if args.objective == 'fpo' else 'alpha'}"
     return args.run_name or f"{name}{value}__{args.preset}__{args.seed}"
 
@@ -616,14 +842,26 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     with rf:
         state = build_state(args, device)
-        eval_envs = make_envs(args.env_id, args.eval_episodes, args.eval_seed, args.backend, device, args.env_threads, args.episode_length)
+        eval_envs = make_envs(
+            args.env_id, args.eval_episodes, args.eval_seed, args.backend, device, args.env_threads, args.episode_length
+        )
         curve = ([], [])
 
         def summary(status: str, reason: str = "") -> dict:
-            return rf.write_summary({
-                "status": status, "updates_done": state.update, "peak": state.peak[0] if state.peak[2] >= 0 else None,
-                "peak_update": state.peak[2], "peak_step": state.peak[1], "stop_reason": reason,
-                "global_step": state.global_step, "env_id": args.env_id, "objective": args.objective, "device": str(device)})
+            return rf.write_summary(
+                {
+                    "status": status,
+                    "updates_done": state.update,
+                    "peak": state.peak[0] if state.peak[2] >= 0 else None,
+                    "peak_update": state.peak[2],
+                    "peak_step": state.peak[1],
+                    "stop_reason": reason,
+                    "global_step": state.global_step,
+                    "env_id": args.env_id,
+                    "objective": args.objective,
+                    "device": str(device),
+                }
+            )
 
         def do_eval(row: dict) -> None:
             row["eval_return"] = evaluate(state, eval_envs, args, eval_init)
@@ -635,12 +873,16 @@ def main(args: Args) -> dict:
             curve[0].append(state.global_step)
             curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
-            print(f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
+            print(
+                f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}"
+            )
 
         if rf.resuming:
             load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
             rf.truncate_metrics(lambda r: r["update"] <= state.update)
-            evals = [(r["global_step"], r["eval_return"]) for r in rf.read_metrics() if r.get("eval_return") is not None]
+            evals = [
+                (r["global_step"], r["eval_return"]) for r in rf.read_metrics() if r.get("eval_return") is not None
+            ]
             curve = (list(curve[0]) + [g for g, _ in evals], list(curve[1]) + [v for _, v in evals])
         else:
             row = {"update": 0, "global_step": 0, "alpha": current_alpha(args, 0)}
@@ -648,7 +890,11 @@ def main(args: Args) -> dict:
             rf.log(row, 0, TAGS)
             rf.save_checkpoint(checkpoint_payload(state))
         summary("running")
-        status, reason, need_reset = "finished", "", True  # need_reset: restart the environments before the first rollout
+        status, reason, need_reset = (
+            "finished",
+            "",
+            True,
+        )  # need_reset: restart the environments before the first rollout
         bar = rf.progress(num_updates, state.update)
         while state.update < num_updates:
             if need_reset or state.update % ckpt_every == 0:
@@ -665,8 +911,11 @@ def main(args: Args) -> dict:
                 stats = update(state, batch, args, alpha)
             except NonFiniteLoss as err:
                 print(str(err), flush=True)
-                rf.log({"update": state.update + 1, "global_step": state.global_step, "nonfinite": True, "alpha": alpha},
-                       state.global_step, TAGS)
+                rf.log(
+                    {"update": state.update + 1, "global_step": state.global_step, "nonfinite": True, "alpha": alpha},
+                    state.global_step,
+                    TAGS,
+                )
                 status, reason = "nonfinite", str(err)
                 break
             t2 = time.perf_counter()
@@ -674,10 +923,20 @@ def main(args: Args) -> dict:
             if state.ema is not None:  # copy until the warm-up ends, then average
                 for pe, pa in zip(state.ema.parameters(), state.actor.parameters()):
                     pe.data.lerp_(pa.data, 1.0 - args.actor_ema if state.update > args.ema_warmup else 1.0)
-            row = {"update": state.update, "global_step": state.global_step, "alpha": alpha,
-                   "lr": state.optimizer.param_groups[0]["lr"], "sps": batch_size / (t2 - t0), "rollout_s": t1 - t0,
-                   "update_s": t2 - t1, **{k: batch[k] for k in ("episodic_return", "episodic_length", "episodes",
-                                                                  "action_abs_mean", "action_abs_max")}, **stats}
+            row = {
+                "update": state.update,
+                "global_step": state.global_step,
+                "alpha": alpha,
+                "lr": state.optimizer.param_groups[0]["lr"],
+                "sps": batch_size / (t2 - t0),
+                "rollout_s": t1 - t0,
+                "update_s": t2 - t1,
+                **{
+                    k: batch[k]
+                    for k in ("episodic_return", "episodic_length", "episodes", "action_abs_mean", "action_abs_max")
+                },
+                **stats,
+            }
             if state.update % args.eval_every == 0 or state.update == num_updates:
                 do_eval(row)
             rf.log(row, state.global_step, TAGS)

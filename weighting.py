@@ -457,9 +457,7 @@ def calibration_scale(bank_losses, q, q_ref=None, g: float = 1.0, s_ref: float |
     return gg * ref / s
 
 
-def calibrated_bank_losses(
-    bank_losses, q, q_ref=None, g: float = 1.0, s_ref: float | None = None
-) -> np.ndarray:
+def calibrated_bank_losses(bank_losses, q, q_ref=None, g: float = 1.0, s_ref: float | None = None) -> np.ndarray:
     """Calibrated per-example bank losses ``a(q, g) F_i(q)`` (eq:coordinate-invariance).
 
     ``q`` may be any non-negative profile: the product does not depend on its overall mass, so
@@ -853,14 +851,33 @@ class WeightingRule:
     that changes during a run, as plain lists and numbers.
     """
 
-    def __init__(self, weighting: str = "fixed", *, bins: int = BINS, alpha: float = 0.0,
-                 target: str | None = None, alpha_early: float = -3.0, alpha_late: float = -0.5,
-                 k0: int = 160, k1: int = 260, eta: float = 1.0, online_kappa: float = ONLINE_KAPPA,
-                 online_decay: float = EMA_DECAY, online_init: str = "uniform", refit_eta: float = 1.0,
-                 refit_every: int = REFIT_EVERY, estimator: str = "q+a", g: float = 1.0,
-                 bank_losses=None, q_ref=None):
-        for name, value, allowed in (("weighting", weighting, WEIGHTINGS), ("estimator", estimator, ESTIMATORS),
-                                     ("online_init", online_init, ONLINE_INITS)):
+    def __init__(
+        self,
+        weighting: str = "fixed",
+        *,
+        bins: int = BINS,
+        alpha: float = 0.0,
+        target: str | None = None,
+        alpha_early: float = -3.0,
+        alpha_late: float = -0.5,
+        k0: int = 160,
+        k1: int = 260,
+        eta: float = 1.0,
+        online_kappa: float = ONLINE_KAPPA,
+        online_decay: float = EMA_DECAY,
+        online_init: str = "uniform",
+        refit_eta: float = 1.0,
+        refit_every: int = REFIT_EVERY,
+        estimator: str = "q+a",
+        g: float = 1.0,
+        bank_losses=None,
+        q_ref=None,
+    ):
+        for name, value, allowed in (
+            ("weighting", weighting, WEIGHTINGS),
+            ("estimator", estimator, ESTIMATORS),
+            ("online_init", online_init, ONLINE_INITS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")
         if target is not None and target not in TARGETS:
@@ -872,8 +889,16 @@ class WeightingRule:
         self.weighting, self.bins, self.estimator, self.g = weighting, _check_bins(bins), estimator, g
         self.alpha_value, self.target = alpha, target
         self.schedule = Schedule(alpha_early, alpha_late, k0, k1)
-        self.eta, self.kappa, self.decay, self.refit_eta, self.refit_every = eta, online_kappa, online_decay, refit_eta, int(refit_every)
-        self.q_ref = profile_probs(target_profile("x0", self.bins)) if q_ref is None else np.asarray(q_ref, dtype=np.float64)
+        self.eta, self.kappa, self.decay, self.refit_eta, self.refit_every = (
+            eta,
+            online_kappa,
+            online_decay,
+            refit_eta,
+            int(refit_every),
+        )
+        self.q_ref = (
+            profile_probs(target_profile("x0", self.bins)) if q_ref is None else np.asarray(q_ref, dtype=np.float64)
+        )
         self.bank_losses = None if bank_losses is None else np.asarray(bank_losses)
         self.coherence: list | None = None  # static rules: the coherence measured on the initial model
         self.ema: EMAState | None = None  # online-ema: moments so far
@@ -949,12 +974,19 @@ class WeightingRule:
 
     def state_dict(self) -> dict:
         """Everything that changes during a run (profile, fits, EMA, window) and the bank."""
-        ema = None if self.ema is None else {"U": self.ema.U.tolist(), "V": self.ema.V.tolist(),
-                                            "steps": self.ema.steps, "decay": self.ema.decay}
-        return {"weighting": self.weighting,
-                "profile": None if self.profile is None else np.asarray(self.profile).tolist(),
-                "coherence": self.coherence, "ema": ema, "window": [list(w) for w in self.window],
-                "bank_losses": None if self.bank_losses is None else np.asarray(self.bank_losses).tolist()}
+        ema = (
+            None
+            if self.ema is None
+            else {"U": self.ema.U.tolist(), "V": self.ema.V.tolist(), "steps": self.ema.steps, "decay": self.ema.decay}
+        )
+        return {
+            "weighting": self.weighting,
+            "profile": None if self.profile is None else np.asarray(self.profile).tolist(),
+            "coherence": self.coherence,
+            "ema": ema,
+            "window": [list(w) for w in self.window],
+            "bank_losses": None if self.bank_losses is None else np.asarray(self.bank_losses).tolist(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["weighting"] != self.weighting:
@@ -962,7 +994,15 @@ class WeightingRule:
         self.profile = None if state["profile"] is None else np.asarray(state["profile"], dtype=np.float64)
         self.coherence = state["coherence"]
         e = state["ema"]
-        self.ema = None if e is None else EMAState(np.asarray(e["U"], dtype=np.float64),
-                                                   np.asarray(e["V"], dtype=np.float64), int(e["steps"]), float(e["decay"]))
+        self.ema = (
+            None
+            if e is None
+            else EMAState(
+                np.asarray(e["U"], dtype=np.float64),
+                np.asarray(e["V"], dtype=np.float64),
+                int(e["steps"]),
+                float(e["decay"]),
+            )
+        )
         self.window = [tuple(w) for w in state["window"]]
         self.bank_losses = None if state["bank_losses"] is None else np.asarray(state["bank_losses"], dtype=np.float64)

@@ -33,9 +33,10 @@ import tyro
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_cifar_update import PAPER_UNET  # noqa: E402
+
 import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
-from bench_cifar_update import PAPER_UNET  # noqa: E402
 
 
 @dataclass
@@ -88,28 +89,57 @@ def main(args: Args):
             cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(PAPER_UNET), model, dtype=torch.float32)
         out = Path(args.out_dir) if args.out_dir else tmp / "runs"
         arms = len(args.alphas) * len(args.seeds)
-        train = replace(cifar_fpo.Args(), model=model, reward=args.reward, precision=args.precision,
-                        compile=args.compile, estimator="q+a", early_stop=False, num_updates=args.updates,
-                        verbose=False, save_samples=False)
+        train = replace(
+            cifar_fpo.Args(),
+            model=model,
+            reward=args.reward,
+            precision=args.precision,
+            compile=args.compile,
+            estimator="q+a",
+            early_stop=False,
+            num_updates=args.updates,
+            verbose=False,
+            save_samples=False,
+        )
         gpus = torch.cuda.device_count()
         per_gpu = args.arms_per_gpu or (math.ceil(arms / gpus) if gpus else 1)
-        spec = halving.CifarGrid(alphas=args.alphas, seeds=args.seeds, name="grid", out_dir=str(out), ray=args.ray,
-                                 gpus_per_arm=1.0 / per_gpu if gpus else 0.0, train=train)
+        spec = halving.CifarGrid(
+            alphas=args.alphas,
+            seeds=args.seeds,
+            name="grid",
+            out_dir=str(out),
+            ray=args.ray,
+            gpus_per_arm=1.0 / per_gpu if gpus else 0.0,
+            train=train,
+        )
         t0 = time.time()
         halving.run_grid(spec)
         wall = time.time() - t0
         rate, start, end = steady_throughput(out / "grid" / "arms")
         startup = start - t0
         implied = startup + arms * args.full_updates / rate
-        result = {"device": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                  "gpus": gpus, "arms": arms, "arms_per_gpu": per_gpu, "ray": args.ray, "updates": args.updates,
-                  "precision": args.precision, "compile": args.compile, "wall_s": wall, "startup_s": startup,
-                  "steady_updates_per_s": rate, "steady_ms_per_update": 1e3 / rate,
-                  "full_updates": args.full_updates, "implied_full_grid_s": implied}
+        result = {
+            "device": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "gpus": gpus,
+            "arms": arms,
+            "arms_per_gpu": per_gpu,
+            "ray": args.ray,
+            "updates": args.updates,
+            "precision": args.precision,
+            "compile": args.compile,
+            "wall_s": wall,
+            "startup_s": startup,
+            "steady_updates_per_s": rate,
+            "steady_ms_per_update": 1e3 / rate,
+            "full_updates": args.full_updates,
+            "implied_full_grid_s": implied,
+        }
         print(json.dumps(result, indent=2))
-        print(f"\n{arms} arms x {args.updates} updates on {gpus} GPU(s), {per_gpu} per GPU: "
-              f"{wall:.0f} s wall, {startup:.0f} s start-up, {rate:.2f} updates/s steady "
-              f"({1e3 / rate:.0f} ms per update); {arms} x {args.full_updates} updates -> ~{implied / 60:.1f} min")
+        print(
+            f"\n{arms} arms x {args.updates} updates on {gpus} GPU(s), {per_gpu} per GPU: "
+            f"{wall:.0f} s wall, {startup:.0f} s start-up, {rate:.2f} updates/s steady "
+            f"({1e3 / rate:.0f} ms per update); {arms} x {args.full_updates} updates -> ~{implied / 60:.1f} min"
+        )
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
         return result

@@ -63,8 +63,14 @@ PAPER_UNET = {
 }
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
-DENSE_BF16_PEAK = {"H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5,
-                   "H200": 989.4, "A100": 312.0}
+DENSE_BF16_PEAK = {
+    "H100 80GB HBM3": 989.4,
+    "H100 SXM": 989.4,
+    "H100 PCIe": 756.5,
+    "H100 NVL": 835.5,
+    "H200": 989.4,
+    "A100": 312.0,
+}
 INDUCTOR_SETTINGS = ("default", "coord", "max-autotune")
 MODES = ("fp32", "tf32", "bf16", "tf32+compile", "bf16+compile", "peer-fp32", "peer-tf32", "peer-bf16")
 
@@ -161,18 +167,34 @@ def make_run(mode: str, folder: str, args: Args, device):
     precision = mode.split("+")[0].replace("peer-", "")
     compiled = mode.endswith("+compile")
     never = 10**9  # validation only at update 0 (in the warm-up), no checkpoints: both are timed apart
-    run = cifar_fpo.setup(cifar_fpo.Args(model=folder, reward=args.reward, device=str(device), precision=precision,
-                                         compile=compiled, batch_size=args.batch_size, sample_steps=args.sample_steps,
-                                         calib_bank_size=64, verbose=False, save_samples=False, val_every=never,
-                                         checkpoint_every=never, early_stop=False))
+    run = cifar_fpo.setup(
+        cifar_fpo.Args(
+            model=folder,
+            reward=args.reward,
+            device=str(device),
+            precision=precision,
+            compile=compiled,
+            batch_size=args.batch_size,
+            sample_steps=args.sample_steps,
+            calib_bank_size=64,
+            verbose=False,
+            save_samples=False,
+            val_every=never,
+            checkpoint_every=never,
+            early_stop=False,
+        )
+    )
     if peer:
         from diffusers import UNet2DModel
 
         net = DiffusersNet(UNet2DModel.from_pretrained(folder).to(device)).train()
         run.net = net
         run.paths = cifar_fast.FastPaths(
-            fwd=net, sampler=cifar_fast.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast),
-            old_losses=cifar_fast.FrozenCopyLosses(net, run.convention, run.autocast), fused_adam=False)
+            fwd=net,
+            sampler=cifar_fast.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast),
+            old_losses=cifar_fast.FrozenCopyLosses(net, run.convention, run.autocast),
+            fused_adam=False,
+        )
         run.optimizer = torch.optim.Adam(net.parameters(), lr=run.args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     return run
 
@@ -234,14 +256,29 @@ def time_mode(mode: str, folder: str, args: Args, device, gflop: float, peak: Op
     val_ms = (time.perf_counter() - t0) * 1e3
     total = step_ms + val_ms / 20
     tflops = fwd_equiv * gflop * 1e9 / (total / 1e3) / 1e12
-    row = {"mode": mode, "update_ms": step_ms, "validation_ms": val_ms, "ms_per_update": total,
-           "tflops": tflops, "peak_frac": tflops / peak if peak else None, "setup_warmup_s": warm_s}
+    row = {
+        "mode": mode,
+        "update_ms": step_ms,
+        "validation_ms": val_ms,
+        "ms_per_update": total,
+        "tflops": tflops,
+        "peak_frac": tflops / peak if peak else None,
+        "setup_warmup_s": warm_s,
+    }
     if args.breakdown:
         row["sample_ms"], row["loss_fwd_bwd_ms"], row["adam_ms"] = time_breakdown(run, args, device)
-    print(f"{mode}: {total:.1f} ms/update ({step_ms:.1f} + {val_ms:.0f}/20), setup+warm-up {warm_s:.0f} s"
-          + (f", sample {row['sample_ms']:.1f} ms, loss fwd+bwd {row['loss_fwd_bwd_ms']:.1f} ms, "
-             f"Adam {row['adam_ms']:.1f} ms" if args.breakdown else ""), flush=True)
+    print(
+        f"{mode}: {total:.1f} ms/update ({step_ms:.1f} + {val_ms:.0f}/20), setup+warm-up {warm_s:.0f} s"
+        + (
+            f", sample {row['sample_ms']:.1f} ms, loss fwd+bwd {row['loss_fwd_bwd_ms']:.1f} ms, "
+            f"Adam {row['adam_ms']:.1f} ms"
+            if args.breakdown
+            else ""
+        ),
+        flush=True,
+    )
     return row
+
 
 def main(args: Args):
     bad = [m for m in args.modes if m not in MODES]
@@ -279,19 +316,28 @@ def main(args: Args):
         ref = peers.get("bf16" if r["mode"].endswith("+compile") and "bf16" in peers else prec)
         ref = ref if ref is not None else (min(peers.values()) if peers else None)
         r["vs_peer"] = ref / r["ms_per_update"] if ref else None
-    print(f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd   "
-          f"inductor: {args.inductor}")
+    print(
+        f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd   "
+        f"inductor: {args.inductor}"
+    )
     print(f"update: batch {n} x {s} Euler steps, 4 draws, Adam; validation 512 x {s} steps every 20 updates")
-    print(f"{'mode':>13} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
-          f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | {'vs peer':>7}")
+    print(
+        f"{'mode':>13} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
+        f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | {'vs peer':>7}"
+    )
     for r in rows:
         frac = f"{100 * r['peak_frac']:.1f}" if r["peak_frac"] is not None else "-"
         vs = f"{r['vs_peer']:.2f}x" if r["vs_peer"] else "-"
-        print(f"{r['mode']:>13} | {r['update_ms']:9.1f} | {r['validation_ms']:13.1f} | {r['ms_per_update']:21.1f} | "
-              f"{r['tflops']:7.1f} | {frac:>11} | {vs:>7}")
+        print(
+            f"{r['mode']:>13} | {r['update_ms']:9.1f} | {r['validation_ms']:13.1f} | {r['ms_per_update']:21.1f} | "
+            f"{r['tflops']:7.1f} | {frac:>11} | {vs:>7}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "gflop": gflop,
-                                               "params": params, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {"device": name, "torch": torch.__version__, "gflop": gflop, "params": params, "rows": rows}, indent=2
+            )
+        )
     return rows
 
 

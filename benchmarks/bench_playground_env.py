@@ -74,8 +74,15 @@ def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: 
 
     t0 = time.perf_counter()
     env = PlaygroundVecEnv(task, n, seed=0, device=device)
-    row = {"task": task, "num_envs": n, "steps": steps, "make_s": round(time.perf_counter() - t0, 2),
-           "compile_s": round(env.compile_s, 2), "obs_dim": env.obs_dim, "act_dim": env.act_dim}
+    row = {
+        "task": task,
+        "num_envs": n,
+        "steps": steps,
+        "make_s": round(time.perf_counter() - t0, 2),
+        "compile_s": round(env.compile_s, 2),
+        "obs_dim": env.obs_dim,
+        "act_dim": env.act_dim,
+    }
     policy = StandInPolicy(env.obs_dim, env.act_dim).to(device)
 
     # Hand-over check: at every step, what torch reads through DLPack (and computes on at once, on
@@ -112,14 +119,19 @@ def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: 
                 worst = max(worst, float(np.abs(np.array(packed) - h).max()))
             runs.append(worst)
         env._state = st
-        return {"handover_maxdiff": hand, "torch_sum_reldiff": sumrel, "action_maxdiff": act, "host_replay_maxdiff": runs}
+        return {
+            "handover_maxdiff": hand,
+            "torch_sum_reldiff": sumrel,
+            "action_maxdiff": act,
+            "host_replay_maxdiff": runs,
+        }
 
     row["check_fresh"] = check(False)
     row["check_reused_buffer"] = check(True)
     if check_only:
         return row
 
-    obs = env.reset(0)
+    env.reset(0)
     zeros = torch.zeros(n, env.act_dim, device=device)
     row["env_only_s"] = timed(lambda: env.step(zeros), steps, device)
 
@@ -173,6 +185,7 @@ def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: 
         def body(c, _):
             c = env._env.step(c, ja)
             return c, c.reward
+
         return jax.lax.scan(body, env._unpack_state(flat), (), length=steps)
 
     scan = jax.jit(scan_block)
@@ -202,13 +215,19 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true", help="only the hand-over and replay checks")
     args = p.parse_args()
     device = torch.device(args.device)
-    import jax
-    import mujoco
     from importlib.metadata import version
 
-    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "jax": jax.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__,
-            "playground": version("playground"), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+    import jax
+    import mujoco
+
+    meta = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "mujoco": mujoco.__version__,
+        "playground": version("playground"),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+    }
     rows = []
     for task in args.tasks:
         rows.append(bench_task(task, args.num_envs, args.steps, device, args.check_only))
@@ -221,9 +240,13 @@ def main() -> None:
     cols = ["env_only", "eager_policy", "graph_policy", "jax_loop", "jax_scan"]
     print(f"\n{meta}\n| task | compile s | " + " | ".join(f"{c} steps/s" for c in cols) + " | hand-over diff |")
     print("|---" * (len(cols) + 3) + "|")
+    checks = [(c, k) for c in ("check_fresh", "check_reused_buffer") for k in ("handover_maxdiff", "action_maxdiff")]
     for r in rows:
-        print(f"| {r['task']} | {r['compile_s']} | " + " | ".join(f"{r.get(c + '_sps', '-'):,}" if c + '_sps' in r else "-" for c in cols)
-              + f" | {max(r[c][k] for c in ('check_fresh', 'check_reused_buffer') for k in ('handover_maxdiff', 'action_maxdiff'))} |")
+        print(
+            f"| {r['task']} | {r['compile_s']} | "
+            + " | ".join(f"{r.get(c + '_sps', '-'):,}" if c + "_sps" in r else "-" for c in cols)
+            + f" | {max(r[c][k] for c, k in checks)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,27 @@ def run(cmd: list[str], pythonpath: str, log: Path, timeout: float, **extra: str
 
 def ours(task: str, blocks: int, args) -> dict:
     name = f"blocks_{task}"
-    cmd = [sys.executable, "robot_fpo.py", "--preset", "fpo", "--backend", "playground", "--env-id", task, "--seed", "0",
-           "--num-updates", str(blocks), "--eval-every", "100000", "--runs-dir", str(args.out / "runs"), "--run-name", name, *args.ours_flags.split()]
+    cmd = [
+        sys.executable,
+        "robot_fpo.py",
+        "--preset",
+        "fpo",
+        "--backend",
+        "playground",
+        "--env-id",
+        task,
+        "--seed",
+        "0",
+        "--num-updates",
+        str(blocks),
+        "--eval-every",
+        "100000",
+        "--runs-dir",
+        str(args.out / "runs"),
+        "--run-name",
+        name,
+        *args.ours_flags.split(),
+    ]
     rc, wall = run(cmd, args.ours_pythonpath, args.out / f"ours_{task}.log", args.timeout)
     path = args.out / "runs" / name / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -62,18 +81,27 @@ def official(task: str, blocks: int, args) -> dict:
     rc, wall = run(cmd, args.peer_pythonpath, args.out / f"official_{task}.log", args.timeout, OUT=str(args.out))
     path = args.out / f"fpo_peer_{task}_s0.json"
     data = json.loads(path.read_text()) if path.exists() else {"iters": []}
-    row = summarise("official", task, rc, wall, [i["total_s"] for i in data["iters"]], [i["rollout_s"] for i in data["iters"]])
+    row = summarise(
+        "official", task, rc, wall, [i["total_s"] for i in data["iters"]], [i["rollout_s"] for i in data["iters"]]
+    )
     row["init_s"] = data.get("init_s")
     return row
 
 
 def summarise(side: str, task: str, rc: int, wall: float, block_s: list[float], rollout_s: list[float]) -> dict:
     after = block_s[1:]
-    return {"side": side, "task": task, "rc": rc, "wall_s": round(wall, 1), "blocks_done": len(block_s),
-            "first_block_s": round(block_s[0], 3) if block_s else None,
-            "block_s_median": round(statistics.median(after), 3) if after else None,
-            "rollout_s_median": round(statistics.median(rollout_s[1:]), 3) if len(rollout_s) > 1 else None,
-            "startup_s": round(wall - sum(block_s), 1) if block_s else None, "block_s": [round(x, 3) for x in block_s]}
+    return {
+        "side": side,
+        "task": task,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "blocks_done": len(block_s),
+        "first_block_s": round(block_s[0], 3) if block_s else None,
+        "block_s_median": round(statistics.median(after), 3) if after else None,
+        "rollout_s_median": round(statistics.median(rollout_s[1:]), 3) if len(rollout_s) > 1 else None,
+        "startup_s": round(wall - sum(block_s), 1) if block_s else None,
+        "block_s": [round(x, 3) for x in block_s],
+    }
 
 
 def main() -> None:
@@ -83,7 +111,9 @@ def main() -> None:
     p.add_argument("--ours-pythonpath", default="")
     p.add_argument("--peer-pythonpath", default="")
     p.add_argument("--peer-script", default=str(ROOT.parent / "shared" / "peers" / "run_official_fpo.py"))
-    p.add_argument("--runs", nargs="*", default=[], help="only these side:task pairs (e.g. ours:WalkerRun); default all")
+    p.add_argument(
+        "--runs", nargs="*", default=[], help="only these side:task pairs (e.g. ours:WalkerRun); default all"
+    )
     p.add_argument("--ours-flags", default="", help="extra robot_fpo.py flags (e.g. a CPU smoke test)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped")
     p.add_argument("--out", type=Path, default=Path("bench_blocks"))
@@ -91,7 +121,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     blocks = args.blocks * len(args.tasks) if len(args.blocks) == 1 else args.blocks
     try:
-        card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        card = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
     except FileNotFoundError:
         card = "cpu"
     rows = []
@@ -102,11 +134,17 @@ def main() -> None:
             rows.append(fn(task, b, args))
             print(json.dumps(rows[-1]), flush=True)
     (args.out / "blocks.json").write_text(json.dumps({"card": card, "rows": rows}, indent=1))
-    lines = [f"card: {card}", "", "| task | side | blocks | start-up s | first block s | s per block after | rollout s | rc |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"card: {card}",
+        "",
+        "| task | side | blocks | start-up s | first block s | s per block after | rollout s | rc |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['side']} | {r['blocks_done']} | {r['startup_s']} | {r['first_block_s']} | "
-                     f"{r['block_s_median']} | {r['rollout_s_median']} | {r['rc']} |")
+        lines.append(
+            f"| {r['task']} | {r['side']} | {r['blocks_done']} | {r['startup_s']} | {r['first_block_s']} | "
+            f"{r['block_s_median']} | {r['rollout_s_median']} | {r['rc']} |"
+        )
     (args.out / "blocks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -64,13 +64,25 @@ class Args:
     """optional path of a JSON file with the numbers"""
 
 
-def update_gemms(n_rows: int, n_actions: int, obs_dim: int, act_dim: int, embed_dim: int, hidden: int,
-                 actor_layers: int, critic_hidden: int, critic_layers: int):
+def update_gemms(
+    n_rows: int,
+    n_actions: int,
+    obs_dim: int,
+    act_dim: int,
+    embed_dim: int,
+    hidden: int,
+    actor_layers: int,
+    critic_hidden: int,
+    critic_layers: int,
+):
     """(m, k, n, needs_input_grad) of every matrix product in one minibatch step."""
     first = [(n_actions, obs_dim, hidden, False), (n_rows, act_dim, hidden, False), (n_rows, embed_dim, hidden, False)]
     actor = first + [(n_rows, hidden, hidden, True)] * (actor_layers - 1) + [(n_rows, hidden, act_dim, True)]
-    critic = [(n_actions, obs_dim, critic_hidden, False)] + [(n_actions, critic_hidden, critic_hidden, True)] * (
-        critic_layers - 1) + [(n_actions, critic_hidden, 1, True)]
+    critic = (
+        [(n_actions, obs_dim, critic_hidden, False)]
+        + [(n_actions, critic_hidden, critic_hidden, True)] * (critic_layers - 1)
+        + [(n_actions, critic_hidden, 1, True)]
+    )
     return actor + critic
 
 
@@ -129,14 +141,32 @@ def main(args: Args) -> dict:
 
     batch = args.num_envs * args.num_steps
     n_actions = batch // args.num_minibatches
-    shapes = update_gemms(n_actions * args.num_draws, n_actions, obs_dim, act_dim, r.time_embed_dim, r.actor_hidden,
-                          r.actor_layers, r.critic_hidden, r.critic_layers)
+    shapes = update_gemms(
+        n_actions * args.num_draws,
+        n_actions,
+        obs_dim,
+        act_dim,
+        r.time_embed_dim,
+        r.actor_hidden,
+        r.actor_layers,
+        r.critic_hidden,
+        r.critic_layers,
+    )
     steps = args.num_minibatches * args.update_epochs
     flops = gemm_flops(shapes) * steps
-    out = {"env_id": args.env_id, "cores": len(os.sched_getaffinity(0)), "batch": batch, "env_s": env_s,
-           "sampler_s": sampler_s, "update_gemm_gflop": flops / 1e9, "rows": []}
-    print(f"{args.env_id}: {batch} steps per iteration, {out['cores']} cores; env {env_s:.3f} s, "
-          f"sampler {sampler_s:.3f} s, update matrix products {flops / 1e9:.2f} GFLOP")
+    out = {
+        "env_id": args.env_id,
+        "cores": len(os.sched_getaffinity(0)),
+        "batch": batch,
+        "env_s": env_s,
+        "sampler_s": sampler_s,
+        "update_gemm_gflop": flops / 1e9,
+        "rows": [],
+    }
+    print(
+        f"{args.env_id}: {batch} steps per iteration, {out['cores']} cores; env {env_s:.3f} s, "
+        f"sampler {sampler_s:.3f} s, update matrix products {flops / 1e9:.2f} GFLOP"
+    )
     print("| torch threads | update matrix products s | GFLOP/s | ceiling on the ratio |")
     print("| --- | --- | --- | --- |")
     for th in args.threads:

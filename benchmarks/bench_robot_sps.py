@@ -15,7 +15,8 @@ ratios (a shared machine's speed drifts between runs). Target (issue: CPU path):
 of environment-only on 16 cores. Settings come from a robot_fpo.py preset plus the overrides below.
 Examples (pin cores with taskset to measure a given count)::
 
-    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id HalfCheetah-v5 --num-envs 2048 --cuda   # target: ratio >= 0.70
+    # target: ratio >= 0.70
+    taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id HalfCheetah-v5 --num-envs 2048 --cuda
     taskset -c 0-15 python benchmarks/bench_robot_sps.py --env-id CartpoleSwingup-v1 --num-envs 2048 --cuda
     taskset -c 0,1 python benchmarks/bench_robot_sps.py --env-id InvertedPendulum-v5 --num-envs 16
 """
@@ -35,7 +36,7 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
-from fpo_utils.envs import EnvpoolVecEnv, env_out_size, make_envs  # noqa: E402
+from fpo_utils.envs import EnvpoolVecEnv, env_out_size  # noqa: E402
 
 
 @dataclass
@@ -111,8 +112,16 @@ def main(b: BenchArgs) -> dict:
         torch.set_num_threads(b.torch_threads)
     base = robot_fpo.PRESETS[b.preset]
     over = {k: v for k, v in dict(num_envs=b.num_envs, num_steps=b.num_steps, objective=b.objective).items() if v}
-    args = replace(base, env_id=b.env_id, backend=b.backend, env_threads=b.env_threads, seed=b.seed, cuda=b.cuda,
-                   cuda_graph=b.cuda_graph, **over)
+    args = replace(
+        base,
+        env_id=b.env_id,
+        backend=b.backend,
+        env_threads=b.env_threads,
+        seed=b.seed,
+        cuda=b.cuda,
+        cuda_graph=b.cuda_graph,
+        **over,
+    )
     robot_fpo.validate_args(args)
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
     torch.manual_seed(b.seed)
@@ -151,21 +160,42 @@ def main(b: BenchArgs) -> dict:
     k = b.num_updates * b.repeats
     ratios = [e / v for e, v in zip(e2e_sps, env_sps)]
     out = {
-        "preset": b.preset, "env_id": b.env_id, "backend": type(state.envs).__name__, "num_envs": args.num_envs,
-        "num_steps": args.num_steps, "objective": args.objective, "update_epochs": args.update_epochs,
-        "num_minibatches": args.num_minibatches, "num_draws": args.num_draws, "device": str(device),
-        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "cores": len(os.sched_getaffinity(0)),
-        "env_threads": getattr(state.envs, "_threads", None), "torch_threads": torch.get_num_threads(),
-        "updates_per_repeat": b.num_updates, "repeats": b.repeats,
-        "env_only_sps": statistics.median(env_sps), "end_to_end_sps": statistics.median(e2e_sps),
-        "ratio": statistics.median(ratios), "raw_envpool_sps": raw_sps[0] and statistics.median(raw_sps),
-        "ratios": ratios, "env_only_sps_all": env_sps, "end_to_end_sps_all": e2e_sps,
-        "rollout_s": t_roll / k, "update_s": t_upd / k, "rollout_policy_s": policy.total / k,
-        "rollout_env_step_s": env_step.total / k, "warmup_s": t_warm, "cuda_graph": state.graph is not None,
+        "preset": b.preset,
+        "env_id": b.env_id,
+        "backend": type(state.envs).__name__,
+        "num_envs": args.num_envs,
+        "num_steps": args.num_steps,
+        "objective": args.objective,
+        "update_epochs": args.update_epochs,
+        "num_minibatches": args.num_minibatches,
+        "num_draws": args.num_draws,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+        "cores": len(os.sched_getaffinity(0)),
+        "env_threads": getattr(state.envs, "_threads", None),
+        "torch_threads": torch.get_num_threads(),
+        "updates_per_repeat": b.num_updates,
+        "repeats": b.repeats,
+        "env_only_sps": statistics.median(env_sps),
+        "end_to_end_sps": statistics.median(e2e_sps),
+        "ratio": statistics.median(ratios),
+        "raw_envpool_sps": raw_sps[0] and statistics.median(raw_sps),
+        "ratios": ratios,
+        "env_only_sps_all": env_sps,
+        "end_to_end_sps_all": e2e_sps,
+        "rollout_s": t_roll / k,
+        "update_s": t_upd / k,
+        "rollout_policy_s": policy.total / k,
+        "rollout_env_step_s": env_step.total / k,
+        "warmup_s": t_warm,
+        "cuda_graph": state.graph is not None,
     }
     print(json.dumps(out))
-    print(f"{b.env_id} x {args.num_envs}: env-only {out['env_only_sps']:.0f} steps/s, end-to-end {out['end_to_end_sps']:.0f} "
-          f"steps/s, ratio {out['ratio']:.2f} (device {device}, rollout {out['rollout_s']:.3f} s, update {out['update_s']:.3f} s)")
+    print(
+        f"{b.env_id} x {args.num_envs}: env-only {out['env_only_sps']:.0f} steps/s, "
+        f"end-to-end {out['end_to_end_sps']:.0f} steps/s, ratio {out['ratio']:.2f} "
+        f"(device {device}, rollout {out['rollout_s']:.3f} s, update {out['update_s']:.3f} s)"
+    )
     if b.json_out:
         with open(b.json_out, "w") as f:
             json.dump(out, f, indent=2)

@@ -30,10 +30,18 @@ from fpo_utils.flow_triton import FusedSampler  # noqa: E402
 
 
 def make_state(args: R.Args, o: int, d: int, dev) -> R.State:
-    actor = R.FlowActor(o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base).to(dev)
+    actor = R.FlowActor(
+        o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base
+    ).to(dev)
     actor.fast_forward = fused_forward(actor, args.fused)
     critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
-    opt = torch.optim.AdamW([*actor.parameters(), *critic.parameters()], lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(
+        [*actor.parameters(), *critic.parameters()],
+        lr=args.learning_rate,
+        eps=args.adam_eps,
+        weight_decay=0.0,
+        fused=True,
+    )
     return R.State(None, actor, critic, opt, None, None, dev, None, None, {}, None, None)
 
 
@@ -45,11 +53,31 @@ def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
     t = torch.randint(0, R.FPO_GRID_SIZE, (n, k, m), device=dev, generator=g).float() / R.FPO_GRID_SIZE
     eps = r(n, k, m, d)
     with torch.no_grad():
-        l_old = torch.cat([R.draw_losses(state.actor, obs[s].flatten(0, 1), x[s].flatten(0, 1), t[s].flatten(0, 1), eps[s].flatten(0, 1), "fpo")
-                           .view(-1, k, m) for s in R.chunks(n, 2048)])
+        l_old = torch.cat(
+            [
+                R.draw_losses(
+                    state.actor,
+                    obs[s].flatten(0, 1),
+                    x[s].flatten(0, 1),
+                    t[s].flatten(0, 1),
+                    eps[s].flatten(0, 1),
+                    "fpo",
+                ).view(-1, k, m)
+                for s in R.chunks(n, 2048)
+            ]
+        )
     flag = lambda p: (torch.rand(n, k, device=dev, generator=g) < p).float()  # noqa: E731
-    return {"obs": obs, "x": x, "t": t, "eps": eps, "l_old": l_old, "rew": r(n, k), "disc": args.gamma * (1 - flag(1e-3)),
-            "trunc": flag(1e-3), "boot": r(n, o)}
+    return {
+        "obs": obs,
+        "x": x,
+        "t": t,
+        "eps": eps,
+        "l_old": l_old,
+        "rew": r(n, k),
+        "disc": args.gamma * (1 - flag(1e-3)),
+        "trunc": flag(1e-3),
+        "boot": r(n, o),
+    }
 
 
 def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
@@ -66,8 +94,16 @@ def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
         stats = R.update(state, batch, args, 1.0)  # ends with the update's one host read
         times.append(time.perf_counter() - t0)
     steps = args.update_epochs * args.num_minibatches
-    return {"compile": args.compile, "fused": args.fused, "update_s": statistics.median(times), "all_s": times, "first_s": first,
-            "ms_per_minibatch": 1e3 * statistics.median(times) / steps, "pg_loss": stats["pg_loss"], "v_loss": stats["v_loss"]}
+    return {
+        "compile": args.compile,
+        "fused": args.fused,
+        "update_s": statistics.median(times),
+        "all_s": times,
+        "first_s": first,
+        "ms_per_minibatch": 1e3 * statistics.median(times) / steps,
+        "pg_loss": stats["pg_loss"],
+        "v_loss": stats["v_loss"],
+    }
 
 
 def profile_step(args: R.Args, o: int, d: int, path: Path) -> None:
@@ -93,7 +129,9 @@ def profile_step(args: R.Args, o: int, d: int, path: Path) -> None:
 def time_samplers(args: R.Args, o: int, d: int, n: int, calls: int = 200) -> dict:
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    actor = R.FlowActor(o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base).to(dev)
+    actor = R.FlowActor(
+        o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base
+    ).to(dev)
     obs, x0 = torch.randn(n, o, device=dev), torch.randn(n, d, device=dev)
     ref = actor.double().sample(obs.double(), x0.double(), args.flow_steps)
     actor.float()
@@ -112,8 +150,11 @@ def time_samplers(args: R.Args, o: int, d: int, n: int, calls: int = 200) -> dic
         return lambda: (graph.replay(), out)[1]
 
     graphed = GraphedSampler(actor)
-    variants = {"eager": lambda: actor.sample(obs, x0, args.flow_steps), "graphed": lambda: graphed(obs, x0, args.flow_steps),
-                "fused": lambda: fused(obs, x0, args.flow_steps)}
+    variants = {
+        "eager": lambda: actor.sample(obs, x0, args.flow_steps),
+        "graphed": lambda: graphed(obs, x0, args.flow_steps),
+        "fused": lambda: fused(obs, x0, args.flow_steps),
+    }
     variants["fused_graphed"] = captured(variants["fused"])
     out = {}
     for name, fn in variants.items():
@@ -129,7 +170,11 @@ def time_samplers(args: R.Args, o: int, d: int, n: int, calls: int = 200) -> dic
         torch.cuda.synchronize()
         host = (time.perf_counter() - t0) / calls
         err = float((y.double() - ref).norm() / ref.norm())
-        out[name] = {"us_per_call": 1e6 * start.elapsed_time(end) / 1e3 / calls, "host_us_per_call": 1e6 * host, "rel_err_vs_float64": err}
+        out[name] = {
+            "us_per_call": 1e6 * start.elapsed_time(end) / 1e3 / calls,
+            "host_us_per_call": 1e6 * host,
+            "rel_err_vs_float64": err,
+        }
     return out
 
 
@@ -139,7 +184,9 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
     the eager sampler inside the captured policy half; then again after one compiled update."""
     from fpo_utils.fast import GraphedCall, pick_sampler
 
-    args = replace(R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile, scan_rollout=False)  # the per-step path
+    args = replace(
+        R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile, scan_rollout=False
+    )  # the per-step path
     dev = torch.device("cuda")
     torch.manual_seed(0)
     state = R.build_state(args, dev)
@@ -194,8 +241,14 @@ def rollout_timeline(state: R.State, args: R.Args) -> dict:
         R.collect_rollout(state, args)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    ev = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                 if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start), key=lambda x: x[0])
+    ev = sorted(
+        (
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+        ),
+        key=lambda x: x[0],
+    )
     busy, gaps, cur_s, cur_e = 0.0, [], None, None
     for s_, e_, _ in ev:
         if cur_e is None or s_ > cur_e:
@@ -206,16 +259,36 @@ def rollout_timeline(state: R.State, args: R.Args) -> dict:
         else:
             cur_e = max(cur_e, e_)
     busy += (cur_e - cur_s) if cur_e is not None else 0.0
-    torch_like = ("triton_", "_euler", "_mlp", "void at::", "at::", "Memcpy", "Memset", "void cutlass", "sm90", "sm80", "cublas", "std::")
+    torch_like = (
+        "triton_",
+        "_euler",
+        "_mlp",
+        "void at::",
+        "at::",
+        "Memcpy",
+        "Memset",
+        "void cutlass",
+        "sm90",
+        "sm80",
+        "cublas",
+        "std::",
+    )
     ours = sum(e_ - s_ for s_, e_, n in ev if n.startswith(torch_like))
     span = (ev[-1][1] - ev[0][0]) if ev else 0.0
     per_name: dict = {}
     for s_, e_, n in ev:
         per_name[n[:60]] = per_name.get(n[:60], 0.0) + e_ - s_
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:12]
-    return {"profiled_wall_s": round(wall, 4), "kernel_span_s": round(span / 1e6, 4), "gpu_busy_s": round(busy / 1e6, 4),
-            "torch_kernel_s": round(ours / 1e6, 4), "kernels": len(ev), "idle_gaps_s": round(sum(gaps) / 1e6, 4),
-            "largest_gaps_us": [round(g, 1) for g in sorted(gaps)[-10:]], "top_kernels_ms": [(n, round(v / 1e3, 1)) for n, v in top]}
+    return {
+        "profiled_wall_s": round(wall, 4),
+        "kernel_span_s": round(span / 1e6, 4),
+        "gpu_busy_s": round(busy / 1e6, 4),
+        "torch_kernel_s": round(ours / 1e6, 4),
+        "kernels": len(ev),
+        "idle_gaps_s": round(sum(gaps) / 1e6, 4),
+        "largest_gaps_us": [round(g, 1) for g in sorted(gaps)[-10:]],
+        "top_kernels_ms": [(n, round(v / 1e3, 1)) for n, v in top],
+    }
 
 
 def main() -> None:
@@ -223,15 +296,20 @@ def main() -> None:
     p.add_argument("--tasks", nargs="+", default=["AcrobotSwingup:6:1", "WalkerRun:24:6"], help="NAME:obs_dim:act_dim")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip", nargs="*", default=[], help="parts to leave out: update, profile, sampler")
-    p.add_argument("--rollout", nargs="*", default=[], help="Playground tasks whose in-trainer rollout to time (needs playground)")
+    p.add_argument(
+        "--rollout", nargs="*", default=[], help="Playground tasks whose in-trainer rollout to time (needs playground)"
+    )
     p.add_argument("--rollout-quick", action="store_true", help="only the fused sampler's timings, no update")
-    p.add_argument("--rollout-no-compile", action="store_true", help="the update between the rollout timings without torch.compile")
+    p.add_argument(
+        "--rollout-no-compile", action="store_true", help="the update between the rollout timings without torch.compile"
+    )
     p.add_argument("--compile-mode", default=None, help="torch.compile mode for the compiled update (default: torch's)")
     p.add_argument("--out", type=Path, default=Path("bench_update"))
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.compile_mode:
         import functools
+
         R.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     base = R.PRESETS["fpo"]
@@ -246,7 +324,9 @@ def main() -> None:
         if "sampler" not in a.skip:
             res["sampler"] = time_samplers(base, o, d, base.num_envs)
             print(name, "sampler", json.dumps(res["sampler"]), flush=True)
-        for comp, fused in ((False, False), (True, False), (False, True), (True, True)) if not a.compile_mode else ((True, True),):
+        for comp, fused in (
+            ((False, False), (True, False), (False, True), (True, True)) if not a.compile_mode else ((True, True),)
+        ):
             args, key = replace(base, compile=comp, fused=fused), f"compile_{comp}_fused_{fused}"
             if "update" not in a.skip:
                 res[f"update_{key}"] = time_update(args, o, d, a.repeats)

@@ -41,8 +41,9 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import cifar_fpo  # noqa: E402
 from bench_cifar_update import DENSE_BF16_PEAK, INDUCTOR_SETTINGS, PAPER_UNET, apply_inductor_setting, forward_gflop  # noqa: E402
+
+import cifar_fpo  # noqa: E402
 
 CONFIGS = INDUCTOR_SETTINGS
 FWD_EQUIV = {"sampling": 64 * 20, "losses": 3 * 4 * 64, "validation": 512}  # per update, app:cifar
@@ -133,8 +134,14 @@ def worker(config: str, args: Args) -> dict:
     net.train()
     fb_ms = time_forward_backward(fwd, net, args.train_batch, args.reps, device)
     wall = time.perf_counter() - t0
-    return {"config": config, "gflop": gflop, "fwd_ms": fwd_ms, "fwd_bwd_ms": fb_ms,
-            "train_batch": args.train_batch, "wall_s": wall}
+    return {
+        "config": config,
+        "gflop": gflop,
+        "fwd_ms": fwd_ms,
+        "fwd_bwd_ms": fb_ms,
+        "train_batch": args.train_batch,
+        "wall_s": wall,
+    }
 
 
 def summarise(row: dict, peak: Optional[float]) -> dict:
@@ -166,8 +173,18 @@ def main(args: Args):
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     rows = []
     for config in args.configs:
-        cmd = [sys.executable, __file__, "--worker", config, "--batches", *map(str, args.batches),
-               "--train-batch", str(args.train_batch), "--reps", str(args.reps)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            config,
+            "--batches",
+            *map(str, args.batches),
+            "--train-batch",
+            str(args.train_batch),
+            "--reps",
+            str(args.reps),
+        ]
         t0 = time.perf_counter()
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -183,17 +200,26 @@ def main(args: Args):
         row["process_s"] = time.perf_counter() - t0
         rows.append(summarise(row, peak))
         r = rows[-1]
-        print(f"{config}: " + ", ".join(f"fwd b{b} {ms:.2f} ms ({r['tflops'][b]:.0f} TFLOP/s)" for b, ms in r["fwd_ms"].items())
-              + f", fwd+bwd b{r['train_batch']} {r['fwd_bwd_ms']:.2f} ms ({r['fwd_bwd_tflops']:.0f} TFLOP/s), "
-              f"process {r['process_s']:.0f} s", flush=True)
+        print(
+            f"{config}: "
+            + ", ".join(f"fwd b{b} {ms:.2f} ms ({r['tflops'][b]:.0f} TFLOP/s)" for b, ms in r["fwd_ms"].items())
+            + f", fwd+bwd b{r['train_batch']} {r['fwd_bwd_ms']:.2f} ms ({r['fwd_bwd_tflops']:.0f} TFLOP/s), "
+            f"process {r['process_s']:.0f} s",
+            flush=True,
+        )
     print(f"\ndevice: {name}   torch {torch.__version__}   bf16 autocast, CUDA-graph forwards")
-    print("| setting | fwd b64 ms | fwd b512 ms | fwd+bwd b256 ms | best fwd TFLOP/s (% peak) | kernels-only update ms | floor ms |")
+    print(
+        "| setting | fwd b64 ms | fwd b512 ms | fwd+bwd b256 ms | best fwd TFLOP/s (% peak) "
+        "| kernels-only update ms | floor ms |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         frac = f" ({100 * r['best_peak_frac']:.0f}%)" if r["best_peak_frac"] else ""
-        print(f"| {r['config']} | {r['fwd_ms'].get(64, float('nan')):.2f} | {r['fwd_ms'].get(512, float('nan')):.2f} | "
-              f"{r['fwd_bwd_ms'] * 256 / r['train_batch']:.2f} | {r['best_tflops']:.0f}{frac} | "
-              f"{r.get('kernels_only_update_ms', float('nan')):.1f} | {r['floor_ms']:.1f} |")
+        print(
+            f"| {r['config']} | {r['fwd_ms'].get(64, float('nan')):.2f} | {r['fwd_ms'].get(512, float('nan')):.2f} | "
+            f"{r['fwd_bwd_ms'] * 256 / r['train_batch']:.2f} | {r['best_tflops']:.0f}{frac} | "
+            f"{r.get('kernels_only_update_ms', float('nan')):.1f} | {r['floor_ms']:.1f} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1))
 

@@ -95,16 +95,29 @@ def load_run(folder: Path) -> dict | None:
     if backend == "auto" and folder.name.startswith("envpool_"):
         backend = "envpool"
     early, late = args.get("alpha_early"), args.get("alpha_late")
-    alpha = f"{early}->{late}" if early is not None else float(args.get("alpha_eps" if objective == "fpo" else "alpha", 1.0))
+    alpha = (
+        f"{early}->{late}"
+        if early is not None
+        else float(args.get("alpha_eps" if objective == "fpo" else "alpha", 1.0))
+    )
     bs = args.get("block_size") or BLOCK
     batch = args.get("num_envs", 1) * args.get("num_steps", 1)
     asked = args.get("num_updates") or max(1, args.get("total_timesteps", 0) // batch)
-    evals = [(r["update"], r.get("global_step", r["update"] * batch) / bs, float(r["eval_return"]))
-             for r in rows if is_finite(r.get("eval_return"))]
-    events = [f"nonfinite at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
-              for r in rows if r.get("nonfinite")]
-    events += [f"non-finite evaluation at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
-               for r in rows if "eval_return" in r and not is_finite(r["eval_return"])]
+    evals = [
+        (r["update"], r.get("global_step", r["update"] * batch) / bs, float(r["eval_return"]))
+        for r in rows
+        if is_finite(r.get("eval_return"))
+    ]
+    events = [
+        f"nonfinite at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
+        for r in rows
+        if r.get("nonfinite")
+    ]
+    events += [
+        f"non-finite evaluation at block {fnum(r.get('global_step', 0) / bs)} (update {r['update']})"
+        for r in rows
+        if "eval_return" in r and not is_finite(r["eval_return"])
+    ]
     done = max([r["update"] for r in rows if not r.get("nonfinite")], default=0)
     status = "no summary"
     if summary is not None:
@@ -112,11 +125,24 @@ def load_run(folder: Path) -> dict | None:
         if status == "nonfinite" and not events:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
-    return {"run": folder.name, "task": args.get("env_id", "?"), "objective": objective, "backend": backend,
-            "alpha": alpha, "seed": args.get("seed"), "updates_done": done, "updates_asked": asked, "status": status,
-            "blocks_asked": asked * batch / bs, "evals": [{"update": u, "block": b, "return": v} for u, b, v in evals],
-            "peak": peak[2] if peak else None, "peak_block": peak[1] if peak else None, "peak_update": peak[0] if peak else None,
-            "final_eval": evals[-1][2] if evals else None, "events": events}
+    return {
+        "run": folder.name,
+        "task": args.get("env_id", "?"),
+        "objective": objective,
+        "backend": backend,
+        "alpha": alpha,
+        "seed": args.get("seed"),
+        "updates_done": done,
+        "updates_asked": asked,
+        "status": status,
+        "blocks_asked": asked * batch / bs,
+        "evals": [{"update": u, "block": b, "return": v} for u, b, v in evals],
+        "peak": peak[2] if peak else None,
+        "peak_block": peak[1] if peak else None,
+        "peak_update": peak[0] if peak else None,
+        "final_eval": evals[-1][2] if evals else None,
+        "events": events,
+    }
 
 
 def load_official(d: Path) -> list[dict]:
@@ -127,20 +153,29 @@ def load_official(d: Path) -> list[dict]:
         j = read_json(p)
         if j is None:
             continue
-        task, seed = p.stem[len("fpo_peer_"):].rsplit("_s", 1)
+        task, seed = p.stem[len("fpo_peer_") :].rsplit("_s", 1)
         try:
             blocks = len(j.get("iters", []))
             pts = ([(0, j["eval0"])] if "eval0" in j else []) + [(e["block"], e["reward"]) for e in j.get("evals", [])]
             pts = sorted(pts + ([(blocks, j["eval_end"])] if "eval_end" in j else []), key=lambda p: p[0])
             totals = [it["total_s"] for it in j.get("iters", [])[1:]]
-            out.append({"task": task, "seed": int(seed), "run": p.name, "status": "finished", "blocks": blocks,
-                        "points": pts, "s_per_block": float(np.median(totals)) if totals else None})
+            out.append(
+                {
+                    "task": task,
+                    "seed": int(seed),
+                    "run": p.name,
+                    "status": "finished",
+                    "blocks": blocks,
+                    "points": pts,
+                    "s_per_block": float(np.median(totals)) if totals else None,
+                }
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             note(f"skipped {p}: {type(err).__name__} {err}")
             continue
         seen.add((task, int(seed)))
     for p in sorted((d / "logs").glob("official_*_s*.log")):
-        task, seed = p.stem[len("official_"):].rsplit("_s", 1)
+        task, seed = p.stem[len("official_") :].rsplit("_s", 1)
         if not seed.isdigit() or (task, int(seed)) in seen:
             continue
         pts = []
@@ -152,15 +187,27 @@ def load_official(d: Path) -> list[dict]:
                 except (ValueError, SyntaxError, KeyError):
                     note(f"{p}: unreadable line {line[:60]!r}")
         note(f"official {task} seed {seed}: no JSON, {len(pts)} evaluations from its log (unfinished)")
-        out.append({"task": task, "seed": int(seed), "run": p.name, "status": "unfinished (log)",
-                    "blocks": max([b for b, _ in pts], default=0), "points": pts, "s_per_block": None})
+        out.append(
+            {
+                "task": task,
+                "seed": int(seed),
+                "run": p.name,
+                "status": "unfinished (log)",
+                "blocks": max([b for b, _ in pts], default=0),
+                "points": pts,
+                "s_per_block": None,
+            }
+        )
     for o in out:
         bad = [b for b, v in o["points"] if not is_finite(v)]
         o["points"] = [(b, float(v)) for b, v in o["points"] if is_finite(v)]
         best = max(o["points"], key=lambda p: p[1]) if o["points"] else None
-        o.update(peak=best[1] if best else None, peak_block=best[0] if best else None,
-                 final_eval=o["points"][-1][1] if o["points"] else None,
-                 events=[f"non-finite evaluation at block {b}" for b in bad])
+        o.update(
+            peak=best[1] if best else None,
+            peak_block=best[0] if best else None,
+            final_eval=o["points"][-1][1] if o["points"] else None,
+            events=[f"non-finite evaluation at block {b}" for b in bad],
+        )
     return out
 
 
@@ -179,8 +226,16 @@ def by_alpha(runs: list[dict], task: str, objective: str) -> list[dict]:
     for a in sorted(groups, key=lambda a: (isinstance(a, str), 0.0 if isinstance(a, str) else a, str(a))):
         peaks = [r["peak"] for r in groups[a] if r["peak"] is not None]
         paper = PAPER.get(task, {}).get(a) if objective == "fpo" else None
-        out.append({"alpha": a, "n": len(peaks), "peak_mean": float(np.mean(peaks)) if peaks else None,
-                    "peak_std": float(np.std(peaks)) if peaks else None, "paper": paper, "runs": groups[a]})
+        out.append(
+            {
+                "alpha": a,
+                "n": len(peaks),
+                "peak_mean": float(np.mean(peaks)) if peaks else None,
+                "peak_std": float(np.std(peaks)) if peaks else None,
+                "paper": paper,
+                "runs": groups[a],
+            }
+        )
     return out
 
 
@@ -230,36 +285,67 @@ def main() -> None:
         offs = [o for o in official if o["task"] == task] if (obj, backend) == ("fpo", "playground") else []
         budget = max([r["blocks_asked"] for r in rs] + [o["blocks"] for o in offs], default=0)
         alphas = by_alpha(rs, task, obj)
-        g = {"task": task, "objective": obj, "backend": backend, "block_budget": budget,
-             "runs": [{k: v for k, v in r.items() if k != "evals"} for r in rs],
-             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
-             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs]}
+        g = {
+            "task": task,
+            "objective": obj,
+            "backend": backend,
+            "block_budget": budget,
+            "runs": [{k: v for k, v in r.items() if k != "evals"} for r in rs],
+            "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
+            "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
+        }
         if any(s["paper"] is not None for s in alphas):
             g["paper_note"] = f"paper: {PAPER_BLOCKS}-block cohort; here: {fnum(budget)} blocks"
         out["groups"].append(g)
-        md += [f"## {task}, {obj}, {backend}", "",
-               "| run | alpha | seed | updates done / asked | status | peak | peak block | final eval | events |",
-               "|---|---|---|---|---|---|---|---|---|"]
-        md += [f"| {r['run']} | {r['alpha']} | {r['seed']} | {r['updates_done']} / {r['updates_asked']} | {r['status']} "
-               f"| {fnum(r['peak'])} | {fnum(r['peak_block'])} (update {r['peak_update']}) | {fnum(r['final_eval'])} | {'; '.join(r['events']) or '-'} |"
-               for r in rs]
-        md += [f"| official {o['run']} | 1.0 | {o['seed']} | {'' if o['s_per_block'] else '>= '}{o['blocks']} blocks "
-               f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "
-               f"| {'; '.join(o['events'] + (['median %.3g s/block' % o['s_per_block']] if o['s_per_block'] else [])) or '-'} |"
-               for o in offs]
+        md += [
+            f"## {task}, {obj}, {backend}",
+            "",
+            "| run | alpha | seed | updates done / asked | status | peak | peak block | final eval | events |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {r['run']} | {r['alpha']} | {r['seed']} | {r['updates_done']} / {r['updates_asked']} | {r['status']} "
+            f"| {fnum(r['peak'])} | {fnum(r['peak_block'])} (update {r['peak_update']}) | {fnum(r['final_eval'])} "
+            f"| {'; '.join(r['events']) or '-'} |"
+            for r in rs
+        ]
+
+        def notes(o: dict) -> str:
+            return (
+                "; ".join(o["events"] + ([f"median {o['s_per_block']:.3g} s/block"] if o["s_per_block"] else [])) or "-"
+            )
+
+        md += [
+            f"| official {o['run']} | 1.0 | {o['seed']} | {'' if o['s_per_block'] else '>= '}{o['blocks']} blocks "
+            f"| {o['status']} | {fnum(o['peak'])} | {fnum(o['peak_block'])} | {fnum(o['final_eval'])} "
+            f"| {notes(o)} |"
+            for o in offs
+        ]
         md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"] if alphas else []
-        md += [f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |" for s in alphas]
+        md += [
+            f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |"
+            for s in alphas
+        ]
         if "paper_note" in g:
             md += ["", g["paper_note"]]
         md.append("")
 
         if obj == "fpopp":
-            lines = [(*xy(r, "update"), {"marker": "o", "color": f"C{i}", "label": f"alpha {s['alpha']}, seed {r['seed']}"})
-                     for i, s in enumerate(alphas) for r in s["runs"]]
+            lines = [
+                (*xy(r, "update"), {"marker": "o", "color": f"C{i}", "label": f"alpha {s['alpha']}, seed {r['seed']}"})
+                for i, s in enumerate(alphas)
+                for r in s["runs"]
+            ]
             plot(a.out / f"fpopp_{task}.png", f"{task}, FPO++ ({backend})", "update", lines)
         elif backend != "playground":
-            lines = [(*xy(r, "block"), {"marker": "o", "color": f"C{i}", "label": f"alpha_eps {s['alpha']}, seed {r['seed']}"})
-                     for i, s in enumerate(alphas) for r in s["runs"]]
+            lines = [
+                (
+                    *xy(r, "block"),
+                    {"marker": "o", "color": f"C{i}", "label": f"alpha_eps {s['alpha']}, seed {r['seed']}"},
+                )
+                for i, s in enumerate(alphas)
+                for r in s["runs"]
+            ]
             plot(a.out / f"{backend}_{task}.png", f"{task}, FPO ({backend})", "block (983,040 steps)", lines)
         else:
             lines = []
@@ -267,25 +353,64 @@ def main() -> None:
                 c = f"C{i}"
                 lines += [(*xy(r, "block"), {"color": c, "lw": 0.8, "alpha": 0.4}) for r in s["runs"]]
                 paper = f"; paper {s['paper']}" if s["paper"] is not None else ""
-                lines.append((*mean_curve(s["runs"], "block"), {"color": c, "lw": 2.5, "marker": "o", "ms": 3, "label":
-                              f"alpha_eps {s['alpha']}: peak {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} (n={s['n']}){paper}"}))
+                peak = f"peak {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} (n={s['n']}){paper}"
+                lines.append(
+                    (
+                        *mean_curve(s["runs"], "block"),
+                        {
+                            "color": c,
+                            "lw": 2.5,
+                            "marker": "o",
+                            "ms": 3,
+                            "label": f"alpha_eps {s['alpha']}: {peak}",
+                        },
+                    )
+                )
             if rs:
-                plot(a.out / f"alpha_study_{task}.png", f"{task} alpha_eps study, {fnum(budget)} blocks asked "
-                     f"(paper: {PAPER_BLOCKS})", "block (983,040 steps)", lines)
+                plot(
+                    a.out / f"alpha_study_{task}.png",
+                    f"{task} alpha_eps study, {fnum(budget)} blocks asked (paper: {PAPER_BLOCKS})",
+                    "block (983,040 steps)",
+                    lines,
+                )
             if offs:
                 lines = []
                 for o in offs:
-                    lines.append(([b for b, _ in o["points"]], [v for _, v in o["points"]],
-                                  {"marker": "s", "ls": "--", "color": f"C{o['seed'] % 10}", "lw": 2,
-                                   "label": f"official, seed {o['seed']} ({o['status']})"}))
+                    lines.append(
+                        (
+                            [b for b, _ in o["points"]],
+                            [v for _, v in o["points"]],
+                            {
+                                "marker": "s",
+                                "ls": "--",
+                                "color": f"C{o['seed'] % 10}",
+                                "lw": 2,
+                                "label": f"official, seed {o['seed']} ({o['status']})",
+                            },
+                        )
+                    )
                 seeds = {o["seed"] for o in offs}
                 for r in (r for s in alphas if s["alpha"] == 1.0 for r in s["runs"]):
                     hi = r["seed"] in seeds
-                    lines.append((*xy(r, "block"), {"marker": "o", "ms": 3, "lw": 2.2 if hi else 0.8, "alpha": 1 if hi else 0.5,
-                                                    "color": f"C{r['seed'] % 10}" if isinstance(r["seed"], int) else None,
-                                                    "label": f"robot_fpo.py, seed {r['seed']} ({r['status']})"}))
-                plot(a.out / f"vs_official_{task}.png", f"{task}, native FPO (alpha_eps 1) beside the official code",
-                     "block (983,040 steps)", lines)
+                    lines.append(
+                        (
+                            *xy(r, "block"),
+                            {
+                                "marker": "o",
+                                "ms": 3,
+                                "lw": 2.2 if hi else 0.8,
+                                "alpha": 1 if hi else 0.5,
+                                "color": f"C{r['seed'] % 10}" if isinstance(r["seed"], int) else None,
+                                "label": f"robot_fpo.py, seed {r['seed']} ({r['status']})",
+                            },
+                        )
+                    )
+                plot(
+                    a.out / f"vs_official_{task}.png",
+                    f"{task}, native FPO (alpha_eps 1) beside the official code",
+                    "block (983,040 steps)",
+                    lines,
+                )
     if NOTES:
         md += ["## Notes", ""] + [f"- {n}" for n in NOTES]
     (a.out / "study.json").write_text(json.dumps(strict(out), indent=1, default=str, allow_nan=False) + "\n")

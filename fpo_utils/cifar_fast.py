@@ -155,14 +155,25 @@ class FastPaths:
     fused_adam: bool
 
 
-def choose(net: nn.Module, device: torch.device, *, compile: bool, reuse_old_losses: bool, steps: int,
-           convention: str, autocast=None) -> FastPaths:
+def choose(
+    net: nn.Module,
+    device: torch.device,
+    *,
+    compile: bool,
+    reuse_old_losses: bool,
+    steps: int,
+    convention: str,
+    autocast=None,
+) -> FastPaths:
     """Pick the objects the loop calls (see the module docstring); also sets cuDNN autotuning with
     `compile` (shapes are fixed in a run, so timing the algorithms once per shape pays off)."""
     torch.backends.cudnn.benchmark = bool(compile)
     cuda_fast = bool(compile and device.type == "cuda")
     fwd = torch.compile(net, dynamic=False) if compile else net
-    sampler = (GraphSampler(fwd, net, steps, convention, autocast) if cuda_fast
-               else eval_sampler(fwd, net, steps, convention, autocast))
+    sampler = (
+        GraphSampler(fwd, net, steps, convention, autocast)
+        if cuda_fast
+        else eval_sampler(fwd, net, steps, convention, autocast)
+    )
     old = ReusedLosses() if reuse_old_losses else FrozenCopyLosses(net, convention, autocast)
     return FastPaths(fwd=fwd, sampler=sampler, old_losses=old, fused_adam=cuda_fast)

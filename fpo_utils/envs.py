@@ -76,7 +76,9 @@ def resolve_backend(env_id: str, backend: Backend) -> str:
     import gymnasium as gym
 
     if ":" not in env_id and env_id not in gym.registry:
-        raise unknown_id(env_id, sorted(set(pool_ids) | set(gym.registry)), "a gymnasium or envpool id, or module:Name-v0")
+        raise unknown_id(
+            env_id, sorted(set(pool_ids) | set(gym.registry)), "a gymnasium or envpool id, or module:Name-v0"
+        )
     return "gymnasium"
 
 
@@ -85,8 +87,15 @@ def segment_seed(seed: int, update: int) -> int:
     return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
 
 
-def make_envs(env_id: str, num_envs: int, seed: int, backend: Backend = "auto", device: str | torch.device = "cpu",
-              threads: int = 0, episode_length: int = 1000):
+def make_envs(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    backend: Backend = "auto",
+    device: str | torch.device = "cpu",
+    threads: int = 0,
+    episode_length: int = 1000,
+):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
     ``threads`` is envpool's thread count (0: one per core, at most ``num_envs``);
@@ -108,7 +117,8 @@ def make_envs(env_id: str, num_envs: int, seed: int, backend: Backend = "auto", 
 
 
 def env_out_size(num_envs: int, obs_dim: int) -> int:
-    """Elements of the flat step output: obs, final_obs, reward, terminated, truncated, episode_return, episode_length."""
+    """Elements of the flat step output: obs, final_obs, reward, terminated, truncated, episode_return,
+    episode_length."""
     return num_envs * (2 * obs_dim + 5)
 
 
@@ -125,7 +135,13 @@ def env_out_views(flat, num_envs: int, obs_dim: int) -> tuple:
 def unpack_step(flat: torch.Tensor, num_envs: int, obs_dim: int) -> tuple:
     """``(obs, reward, terminated, truncated, info)``, the return of ``step``, from a flat step output."""
     obs, final_obs, reward, term, trunc, ep_ret, ep_len = env_out_views(flat, num_envs, obs_dim)
-    return obs, reward, term > 0.5, trunc > 0.5, {"final_obs": final_obs, "episode_return": ep_ret, "episode_length": ep_len}
+    return (
+        obs,
+        reward,
+        term > 0.5,
+        trunc > 0.5,
+        {"final_obs": final_obs, "episode_return": ep_ret, "episode_length": ep_len},
+    )
 
 
 def flat_obs(obs) -> np.ndarray:
@@ -140,8 +156,11 @@ class _Base:
     """Shared bookkeeping: action rescaling, episode returns and lengths, numpy -> torch."""
 
     def _setup(self, action_space, obs_dim: int, num_envs: int, device: torch.device) -> None:
-        if not hasattr(action_space, "low") or getattr(action_space, "dtype", None) is None or \
-                not np.issubdtype(action_space.dtype, np.floating):
+        if (
+            not hasattr(action_space, "low")
+            or getattr(action_space, "dtype", None) is None
+            or not np.issubdtype(action_space.dtype, np.floating)
+        ):
             raise RunError(f"env id {self.env_id!r} has action space {action_space}; a continuous Box is required")
         self.num_envs, self.obs_dim, self.device = num_envs, obs_dim, device
         self.act_dim = int(np.prod(action_space.shape))
@@ -175,7 +194,9 @@ class _Base:
 
     def step(self, actions: torch.Tensor) -> tuple:
         host = self._step_host(actions)
-        return unpack_step(host.to(self.device) if self.device.type != "cpu" else host.clone(), self.num_envs, self.obs_dim)
+        return unpack_step(
+            host.to(self.device) if self.device.type != "cpu" else host.clone(), self.num_envs, self.obs_dim
+        )
 
     def step_into(self, actions: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(self._step_host(actions))
@@ -198,7 +219,9 @@ class EnvpoolVecEnv(_Base):
         self._pool, self._seed, self._fresh = None, None, False
         self._make(num_envs, seed)
         space = self._pool.observation_space
-        obs_dim = sum(int(np.prod(s.shape)) for s in space.values()) if hasattr(space, "keys") else int(np.prod(space.shape))
+        obs_dim = (
+            sum(int(np.prod(s.shape)) for s in space.values()) if hasattr(space, "keys") else int(np.prod(space.shape))
+        )
         self._setup(self._pool.action_space, obs_dim, num_envs, device)
 
     def _make(self, num_envs: int, seed: int) -> None:
@@ -206,8 +229,9 @@ class EnvpoolVecEnv(_Base):
             self._pool.close()
             self._pool = None
             gc.collect()
-        self._pool = self._envpool.make(self.env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed),
-                                        num_threads=self._threads)
+        self._pool = self._envpool.make(
+            self.env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed), num_threads=self._threads
+        )
         self._seed, self._fresh = int(seed), True
 
     def reset(self, seed: int) -> torch.Tensor:
@@ -248,8 +272,9 @@ class GymnasiumVecEnv(_Base):
             return env
 
         try:
-            self._envs = gym.vector.SyncVectorEnv([thunk for _ in range(num_envs)],
-                                                  autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            self._envs = gym.vector.SyncVectorEnv(
+                [thunk for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+            )
         except (gym.error.Error, ModuleNotFoundError, AttributeError) as err:
             raise RunError(f"env id {env_id!r} could not be made: {str(err).splitlines()[0]}") from None
         space = self._envs.single_action_space

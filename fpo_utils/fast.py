@@ -41,7 +41,11 @@ class NumpySampler:
         w = [m.weight.detach().cpu().float().numpy().T.copy() for m in lin]
         self.b = [m.bias.detach().cpu().float().numpy().copy() for m in lin]
         n_obs = w[0].shape[0] - actor.act_dim - actor.freqs.numel() * 2
-        self.w_obs, self.w_x, self.w_t = w[0][:n_obs], w[0][n_obs : n_obs + actor.act_dim], w[0][n_obs + actor.act_dim :]
+        self.w_obs, self.w_x, self.w_t = (
+            w[0][:n_obs],
+            w[0][n_obs : n_obs + actor.act_dim],
+            w[0][n_obs + actor.act_dim :],
+        )
         self.w = w
         self.freqs = actor.freqs.detach().cpu().double().numpy()
         self.scale = np.float32(actor.output_scale)
@@ -56,7 +60,9 @@ class NumpySampler:
 
     def _buffers(self, n: int) -> list[np.ndarray]:
         if n not in self._bufs:
-            self._bufs[n] = [np.empty((n, w.shape[1]), np.float32) for w in self.w] + [np.empty((n, self.w_x.shape[1]), np.float32)]
+            self._bufs[n] = [np.empty((n, w.shape[1]), np.float32) for w in self.w] + [
+                np.empty((n, self.w_x.shape[1]), np.float32)
+            ]
         return self._bufs[n]
 
     def sample_np(self, obs: np.ndarray, x0: np.ndarray, steps: int) -> np.ndarray:
@@ -250,9 +256,13 @@ def fused_supported(actor: nn.Module) -> bool:
 
     lin = [m for m in actor.net if isinstance(m, nn.Linear)]
     h = lin[0].out_features
-    return (importlib.util.find_spec("triton") is not None and len(lin) >= 3 and h in (16, 32)
-            and all(isinstance(m, nn.SiLU) for m in actor.net if not isinstance(m, nn.Linear))
-            and all(m.in_features == m.out_features == h for m in lin[1:-1]))
+    return (
+        importlib.util.find_spec("triton") is not None
+        and len(lin) >= 3
+        and h in (16, 32)
+        and all(isinstance(m, nn.SiLU) for m in actor.net if not isinstance(m, nn.Linear))
+        and all(m.in_features == m.out_features == h for m in lin[1:-1])
+    )
 
 
 def fused_forward(actor: nn.Module, wanted: bool):
@@ -297,7 +307,19 @@ def rollout_tensors(n: int, T: int, o: int, d: int, dev) -> dict:
     ``env_in`` takes a step's outputs (``envs.step_into``); the ENV_OUT entries are its parts."""
     z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
     env_in = z(env_out_size(n, o))
-    return {"obs": z(T, n, o), "final": z(T, n, o), "x": z(T, n, d), "rew": z(T, n), "term": z(T, n), "trunc": z(T, n),
-            "noise": z(T, n, d), "act_noise": z(T, n, d), "action": z(n, d), "ret_acc": z(n, dtype=torch.float64),
-            "ep": z(3, dtype=torch.float64), "k": z(1, dtype=torch.long), "env_in": env_in,
-            **dict(zip(ENV_OUT, env_out_views(env_in, n, o)))}
+    return {
+        "obs": z(T, n, o),
+        "final": z(T, n, o),
+        "x": z(T, n, d),
+        "rew": z(T, n),
+        "term": z(T, n),
+        "trunc": z(T, n),
+        "noise": z(T, n, d),
+        "act_noise": z(T, n, d),
+        "action": z(n, d),
+        "ret_acc": z(n, dtype=torch.float64),
+        "ep": z(3, dtype=torch.float64),
+        "k": z(1, dtype=torch.long),
+        "env_in": env_in,
+        **dict(zip(ENV_OUT, env_out_views(env_in, n, o))),
+    }

@@ -38,8 +38,23 @@ def _silu_grad(pre):
 
 
 @triton.jit
-def _first_layer(base, x, t, freqs, wx, wt, rows, R, M: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                 E: tl.constexpr, EP: tl.constexpr, H: tl.constexpr, PREC: tl.constexpr):
+def _first_layer(
+    base,
+    x,
+    t,
+    freqs,
+    wx,
+    wt,
+    rows,
+    R,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    E: tl.constexpr,
+    EP: tl.constexpr,
+    H: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Pre-activation of layer 0 for ``rows``, and its x and embedding inputs (zero-padded)."""
     hc, dc, ec = tl.arange(0, H), tl.arange(0, DP), tl.arange(0, EP)
     rm = rows < R
@@ -75,9 +90,30 @@ def _forward_to(pre0, wh, bh, K: tl.constexpr, H: tl.constexpr, PREC: tl.constex
 
 
 @triton.jit
-def _mlp_fwd(base, x, t, freqs, wx, wt, wh, bh, wo, bo, v, R, scale, M: tl.constexpr, D: tl.constexpr,
-             DP: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, H: tl.constexpr, NH: tl.constexpr,
-             BLOCK: tl.constexpr, PREC: tl.constexpr):
+def _mlp_fwd(
+    base,
+    x,
+    t,
+    freqs,
+    wx,
+    wt,
+    wh,
+    bh,
+    wo,
+    bo,
+    v,
+    R,
+    scale,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    E: tl.constexpr,
+    EP: tl.constexpr,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PREC: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     hc, dc = tl.arange(0, H), tl.arange(0, DP)
     pre, _, _ = _first_layer(base, x, t, freqs, wx, wt, rows, R, M, D, DP, E, EP, H, PREC)
@@ -91,9 +127,37 @@ def _mlp_fwd(base, x, t, freqs, wx, wt, wh, bh, wo, bo, v, R, scale, M: tl.const
 
 
 @triton.jit
-def _mlp_bwd(gv, base, x, t, freqs, wx, wt, wh, bh, wo, gbase, p_wx, p_wt, p_wh, p_bh, p_wo, p_bo, R, n, scale,
-             M: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, H: tl.constexpr,
-             NH: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+def _mlp_bwd(
+    gv,
+    base,
+    x,
+    t,
+    freqs,
+    wx,
+    wt,
+    wh,
+    bh,
+    wo,
+    gbase,
+    p_wx,
+    p_wt,
+    p_wh,
+    p_bh,
+    p_wo,
+    p_bo,
+    R,
+    n,
+    scale,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    E: tl.constexpr,
+    EP: tl.constexpr,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PREC: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     hc, dc, ec = tl.arange(0, H), tl.arange(0, DP), tl.arange(0, EP)
@@ -110,7 +174,10 @@ def _mlp_bwd(gv, base, x, t, freqs, wx, wt, wh, bh, wo, gbase, p_wx, p_wt, p_wh,
     for j in tl.static_range(NH - 1, -1, -1):  # hidden layer j + 1, from the last down
         pre, a_prev = _forward_to(pre0, wh, bh, j + 1, H, PREC)
         gpre = ga * _silu_grad(pre)
-        tl.store(p_wh + (pid * NH + j) * H * H + hc[:, None] * H + hc[None, :], tl.dot(tl.trans(gpre), a_prev, input_precision=PREC))
+        tl.store(
+            p_wh + (pid * NH + j) * H * H + hc[:, None] * H + hc[None, :],
+            tl.dot(tl.trans(gpre), a_prev, input_precision=PREC),
+        )
         tl.store(p_bh + (pid * NH + j) * H + hc, tl.sum(gpre, axis=0))
         w = tl.load(wh + j * H * H + hc[:, None] * H + hc[None, :])  # (H_out, H_in) = W_j
         ga = tl.dot(gpre, w, input_precision=PREC)
@@ -129,14 +196,41 @@ def _dims(base, x, wt, wh):
 
 
 @torch.library.custom_op("fpo_utils::flow_mlp", mutates_args=())
-def flow_mlp(base: torch.Tensor, x: torch.Tensor, t: torch.Tensor, freqs: torch.Tensor, wx: torch.Tensor, wt: torch.Tensor,
-             wh: torch.Tensor, bh: torch.Tensor, wo: torch.Tensor, bo: torch.Tensor, scale: float, tf32: bool) -> torch.Tensor:
+def flow_mlp(
+    base: torch.Tensor,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    wx: torch.Tensor,
+    wt: torch.Tensor,
+    wh: torch.Tensor,
+    bh: torch.Tensor,
+    wo: torch.Tensor,
+    bo: torch.Tensor,
+    scale: float,
+    tf32: bool,
+) -> torch.Tensor:
     """Velocity rows (R, D) of the MLP for ``x`` (R, D), ``t`` (R,), with layer 0's observation term ``base``
     (n, H) shared by consecutive groups of M = R / n rows; weights as nn.Linear stores them
     (``wx`` (H, D), ``wt`` (H, E), ``wh`` (NH >= 1, H, H), ``wo`` (D, H)); output times ``scale``."""
     v = torch.empty_like(x)
-    _mlp_fwd[(triton.cdiv(x.shape[0], BLOCK),)](base, x, t, freqs, wx, wt, wh, bh, wo, bo, v, x.shape[0], scale,
-                                               PREC="tf32" if tf32 else "ieee", **_dims(base, x, wt, wh))
+    _mlp_fwd[(triton.cdiv(x.shape[0], BLOCK),)](
+        base,
+        x,
+        t,
+        freqs,
+        wx,
+        wt,
+        wh,
+        bh,
+        wo,
+        bo,
+        v,
+        x.shape[0],
+        scale,
+        PREC="tf32" if tf32 else "ieee",
+        **_dims(base, x, wt, wh),
+    )
     return v
 
 
@@ -146,19 +240,67 @@ def _(base, x, t, freqs, wx, wt, wh, bh, wo, bo, scale, tf32):
 
 
 @torch.library.custom_op("fpo_utils::flow_mlp_backward", mutates_args=())
-def flow_mlp_backward(gv: torch.Tensor, base: torch.Tensor, x: torch.Tensor, t: torch.Tensor, freqs: torch.Tensor, wx: torch.Tensor,
-                      wt: torch.Tensor, wh: torch.Tensor, bh: torch.Tensor, wo: torch.Tensor, scale: float, tf32: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def flow_mlp_backward(
+    gv: torch.Tensor,
+    base: torch.Tensor,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    wx: torch.Tensor,
+    wt: torch.Tensor,
+    wh: torch.Tensor,
+    bh: torch.Tensor,
+    wo: torch.Tensor,
+    scale: float,
+    tf32: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`flow_mlp` (base, wx, wt, wh, bh, wo, bo) for the output gradient ``gv``."""
     dims = _dims(base, x, wt, wh)
     blocks, H, DP, EP, NH = triton.cdiv(x.shape[0], BLOCK), dims["H"], dims["DP"], dims["EP"], dims["NH"]
     z = lambda *s: torch.empty(blocks, *s, device=x.device, dtype=torch.float32)  # noqa: E731
-    gbase, p_wx, p_wt, p_wh, p_bh, p_wo, p_bo = torch.empty_like(base), z(H, DP), z(H, EP), z(NH, H, H), z(NH, H), z(DP, H), z(DP)
-    _mlp_bwd[(blocks,)](gv.contiguous(), base, x, t, freqs, wx, wt, wh, bh, wo, gbase, p_wx, p_wt, p_wh, p_bh, p_wo, p_bo,
-                        x.shape[0], base.shape[0], scale, PREC="tf32" if tf32 else "ieee", **dims)
+    gbase, p_wx, p_wt, p_wh, p_bh, p_wo, p_bo = (
+        torch.empty_like(base),
+        z(H, DP),
+        z(H, EP),
+        z(NH, H, H),
+        z(NH, H),
+        z(DP, H),
+        z(DP),
+    )
+    _mlp_bwd[(blocks,)](
+        gv.contiguous(),
+        base,
+        x,
+        t,
+        freqs,
+        wx,
+        wt,
+        wh,
+        bh,
+        wo,
+        gbase,
+        p_wx,
+        p_wt,
+        p_wh,
+        p_bh,
+        p_wo,
+        p_bo,
+        x.shape[0],
+        base.shape[0],
+        scale,
+        PREC="tf32" if tf32 else "ieee",
+        **dims,
+    )
     D, E = dims["D"], dims["E"]
-    return (gbase, p_wx.sum(0)[:, :D].contiguous(), p_wt.sum(0)[:, :E].contiguous(), p_wh.sum(0)[:NH].contiguous(),
-            p_bh.sum(0)[:NH].contiguous(), p_wo.sum(0)[:D].contiguous(), p_bo.sum(0)[:D].contiguous())
+    return (
+        gbase,
+        p_wx.sum(0)[:, :D].contiguous(),
+        p_wt.sum(0)[:, :E].contiguous(),
+        p_wh.sum(0)[:NH].contiguous(),
+        p_bh.sum(0)[:NH].contiguous(),
+        p_wo.sum(0)[:D].contiguous(),
+        p_bo.sum(0)[:D].contiguous(),
+    )
 
 
 @flow_mlp_backward.register_fake
@@ -173,7 +315,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, gv):
     base, x, t, freqs, wx, wt, wh, bh, wo, _ = ctx.saved_tensors
-    gbase, gwx, gwt, gwh, gbh, gwo, gbo = flow_mlp_backward(gv, base, x, t, freqs, wx, wt, wh, bh, wo, ctx.scale, ctx.tf32)
+    gbase, gwx, gwt, gwh, gbh, gwo, gbo = flow_mlp_backward(
+        gv, base, x, t, freqs, wx, wt, wh, bh, wo, ctx.scale, ctx.tf32
+    )
     return gbase, None, None, None, gwx, gwt, gwh, gbh, gwo, gbo, None, None
 
 
@@ -192,17 +336,49 @@ def actor_forward(actor: nn.Module, obs: torch.Tensor, x_t: torch.Tensor, t: tor
     obs = obs.expand(*lead[:-1], 1, o) if m > 1 else obs.expand(*lead, o)
     base = nn.functional.linear(obs, w[:, :o], first.bias).reshape(-1, w.shape[0])
     wh, bh = torch.stack([m_.weight for m_ in lin[1:-1]]), torch.stack([m_.bias for m_ in lin[1:-1]])
-    v = flow_mlp(base, x_t.reshape(-1, d).float().contiguous(), t.reshape(-1).float().contiguous(), actor.freqs,
-                 w[:, o : o + d].contiguous(), w[:, o + d :].contiguous(), wh, bh, lin[-1].weight.contiguous(), lin[-1].bias,
-                 float(actor.output_scale), torch.backends.cuda.matmul.allow_tf32)
+    v = flow_mlp(
+        base,
+        x_t.reshape(-1, d).float().contiguous(),
+        t.reshape(-1).float().contiguous(),
+        actor.freqs,
+        w[:, o : o + d].contiguous(),
+        w[:, o + d :].contiguous(),
+        wh,
+        bh,
+        lin[-1].weight.contiguous(),
+        lin[-1].bias,
+        float(actor.output_scale),
+        torch.backends.cuda.matmul.allow_tf32,
+    )
     return v.view(*lead, d)
 
 
 @triton.jit
-def _euler(obs, x0, out, w0, b0, freqs, wh, bh, wo, bo, n, c,
-           O: tl.constexpr, OP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, E: tl.constexpr,
-           EP: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
-           PREC: tl.constexpr):
+def _euler(
+    obs,
+    x0,
+    out,
+    w0,
+    b0,
+    freqs,
+    wh,
+    bh,
+    wo,
+    bo,
+    n,
+    c,
+    O: tl.constexpr,  # noqa: E741  (observation width, beside D and E)
+    OP: tl.constexpr,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    E: tl.constexpr,
+    EP: tl.constexpr,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PREC: tl.constexpr,
+):
     # One program: BLOCK rows through all STEPS Euler steps, every activation in registers.
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     hc, oc, dc, ec = tl.arange(0, H), tl.arange(0, OP), tl.arange(0, DP), tl.arange(0, EP)
@@ -253,7 +429,29 @@ class FusedSampler:
         out = torch.empty_like(x0)
         wh, bh = torch.stack([m.weight for m in self.hidden]), torch.stack([m.bias for m in self.hidden])
         _euler[(triton.cdiv(n, self.BLOCK),)](
-            obs, x0, out, self.first.weight, self.first.bias, a.freqs, wh, bh, self.last.weight, self.last.bias, n,
-            a.output_scale / steps, O=o, OP=pow2(o), D=d, DP=pow2(d), E=e, EP=pow2(e), H=h, NH=len(self.hidden),
-            STEPS=steps, BLOCK=self.BLOCK, PREC="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee", num_warps=self.WARPS)
+            obs,
+            x0,
+            out,
+            self.first.weight,
+            self.first.bias,
+            a.freqs,
+            wh,
+            bh,
+            self.last.weight,
+            self.last.bias,
+            n,
+            a.output_scale / steps,
+            O=o,
+            OP=pow2(o),
+            D=d,
+            DP=pow2(d),
+            E=e,
+            EP=pow2(e),
+            H=h,
+            NH=len(self.hidden),
+            STEPS=steps,
+            BLOCK=self.BLOCK,
+            PREC="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+            num_warps=self.WARPS,
+        )
         return out

@@ -48,7 +48,9 @@ def _import_jax_playground():
         from brax.envs.wrappers import training as brax_training
         from mujoco_playground import registry, wrapper
     except ImportError as err:
-        raise RunError(f"the playground backend needs jax and MuJoCo Playground ({err.name} is missing): {INSTALL_HINT}") from None
+        raise RunError(
+            f"the playground backend needs jax and MuJoCo Playground ({err.name} is missing): {INSTALL_HINT}"
+        ) from None
     return jax, registry, wrapper, brax_training
 
 
@@ -76,7 +78,10 @@ def jax_device_for(jax, device: torch.device):
     try:
         gpus = jax.devices("gpu")
     except RuntimeError:
-        raise RunError(f"device {device} asked for, but this JAX has no GPU backend: install JAX with CUDA (pip install 'jax[cuda12]')") from None
+        raise RunError(
+            f"device {device} asked for, but this JAX has no GPU backend: "
+            "install JAX with CUDA (pip install 'jax[cuda12]')"
+        ) from None
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index >= len(gpus):
         raise RunError(f"device {device} asked for, but JAX sees {len(gpus)} GPU(s)")
@@ -110,10 +115,18 @@ class PlaygroundVecEnv:
         self._jax_device = jax_device_for(jax, self.device)
         key = self._key = (env_name, num_envs, episode_length, str(self._jax_device))
         if key not in _BUILT:  # environments of the same shape share their compiled functions
-            _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device)
+            _BUILT[key] = _build(
+                jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device
+            )
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
-        self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = b.env, b.keys, b.unpack, b.reset, b.step
+        self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = (
+            b.env,
+            b.keys,
+            b.unpack,
+            b.reset,
+            b.step,
+        )
         self.action_low = -torch.ones(self.act_dim, device=self.device)
         self.action_high = torch.ones(self.act_dim, device=self.device)
         n = num_envs
@@ -161,8 +174,17 @@ class PlaygroundVecEnv:
         """One step, its flat outputs copied into ``out`` (one copy on the device)."""
         out.copy_(self.step_flat(actions))
 
-    def scan_rollout(self, actor: torch.nn.Module, obs_rms, ret_rms, flow_steps: int, squash: str, action_bound: float,
-                     reward_scale: float, action_noise: float = 0.0) -> ScanRollout | None:
+    def scan_rollout(
+        self,
+        actor: torch.nn.Module,
+        obs_rms,
+        ret_rms,
+        flow_steps: int,
+        squash: str,
+        action_bound: float,
+        reward_scale: float,
+        action_noise: float = 0.0,
+    ) -> ScanRollout | None:
         """The trainer's rollout steps as one JAX program (:class:`ScanRollout`), or None where the
         trainer's statistics change during a rollout (per-step observation statistics ``obs_rms``,
         return normalisation ``ret_rms``): those rollouts keep the per-step path."""
@@ -188,28 +210,38 @@ class ScanRollout:
     ``obs_in`` as the per-step path does (robot_fpo.py: policy_half, record_half).
     """
 
-    def __init__(self, envs: PlaygroundVecEnv, actor: torch.nn.Module, obs_rms, flow_steps: int, squash: str,
-                 action_bound: float, reward_scale: float, action_noise: float = 0.0):
+    def __init__(
+        self,
+        envs: PlaygroundVecEnv,
+        actor: torch.nn.Module,
+        obs_rms,
+        flow_steps: int,
+        squash: str,
+        action_bound: float,
+        reward_scale: float,
+        action_noise: float = 0.0,
+    ):
         from fpo_utils.envs import env_out_views
 
         jax, jnp = envs._jax, envs._jnp
         self.envs, self.actor, self.obs_rms = envs, actor, obs_rms
         self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
-        if 2 * len(self.linear) - 1 != len(actor.net) or \
-                not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
+        if 2 * len(self.linear) - 1 != len(actor.net) or not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
             raise RunError("the scanned rollout takes a flow actor whose MLP alternates Linear and SiLU layers")
         if obs_rms is not None and not obs_rms.batch_var:
-            raise RunError("the scanned rollout takes observation statistics fixed during the rollout (--obs-stats update)")
+            raise RunError(
+                "the scanned rollout takes observation statistics fixed during the rollout (--obs-stats update)"
+            )
         n, o, d = envs.num_envs, envs.obs_dim, actor.act_dim
         step, dt = _BUILT[envs._key].step, actor.output_scale / flow_steps
 
         def sample(ws, freqs, obs, x0):  # FlowActor.sample: Euler steps of the velocity MLP from t = 0 to 1
             (w0, b0), rest = ws[0], ws[1:]
             ang = (jnp.arange(flow_steps, dtype=jnp.float32) / flow_steps)[:, None] * freqs
-            time_term = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], -1) @ w0[:, o + d:].T
+            time_term = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], -1) @ w0[:, o + d :].T
             base, x = obs @ w0[:, :o].T + b0, x0
             for k in range(flow_steps):
-                h = base + time_term[k] + x @ w0[:, o:o + d].T
+                h = base + time_term[k] + x @ w0[:, o : o + d].T
                 for w, b in rest:
                     h = jax.nn.silu(h) @ w.T + b
                 x = x + dt * h
@@ -230,7 +262,9 @@ class ScanRollout:
                 ep = ep + jnp.stack([ep_ret @ done, ep_len @ done, done.sum()])
                 return (flat_state, next_obs, ep), (o_n, x, reward * reward_scale, term, trunc, (final - mean) / std)
 
-            (flat_state, obs, ep), ys = jax.lax.scan(body, (flat_state, obs, jnp.zeros(3, jnp.float32)), (noise, act_noise))
+            (flat_state, obs, ep), ys = jax.lax.scan(
+                body, (flat_state, obs, jnp.zeros(3, jnp.float32)), (noise, act_noise)
+            )
             return flat_state, obs, ep, ys
 
         self._rollout = jax.jit(rollout, donate_argnums=0)
@@ -243,8 +277,16 @@ class ScanRollout:
         o = env.obs_dim
         mean = rms.mean.float() if rms is not None else torch.zeros(o, device=env.device)
         std = rms.var.sqrt().float() if rms is not None else torch.ones(o, device=env.device)
-        env._state, obs, ep, ys = self._rollout(env._state, env.to_jax(roll["obs_in"]), ws, env.to_jax(self.actor.freqs),
-                                                 env.to_jax(mean), env.to_jax(std), env.to_jax(roll["noise"]), env.to_jax(roll["act_noise"]))
+        env._state, obs, ep, ys = self._rollout(
+            env._state,
+            env.to_jax(roll["obs_in"]),
+            ws,
+            env.to_jax(self.actor.freqs),
+            env.to_jax(mean),
+            env.to_jax(std),
+            env.to_jax(roll["noise"]),
+            env.to_jax(roll["act_noise"]),
+        )
         for key, y in zip(("obs", "x", "rew", "term", "trunc", "final"), ys):
             roll[key].copy_(env.to_torch(y))
         roll["obs_in"].copy_(env.to_torch(obs))
@@ -254,14 +296,19 @@ class ScanRollout:
 _BUILT: dict = {}
 
 
-def _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device) -> SimpleNamespace:
+def _build(
+    jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device
+) -> SimpleNamespace:
     """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device)."""
     config = registry.get_default_config(env_name)
     if "impl" in config:
         config.impl = "jax"  # MJX in JAX: no MuJoCo Warp (warp-lang) needed
     base = registry.load(env_name, config=config)
     if not isinstance(base.observation_size, int):
-        raise RunError(f"Playground task {env_name!r} has structured observations {base.observation_size}; this backend takes flat ones")
+        raise RunError(
+            f"Playground task {env_name!r} has structured observations {base.observation_size}; "
+            "this backend takes flat ones"
+        )
     obs_dim, act_dim = int(base.observation_size), int(base.action_size)
 
     # wrap_for_brax_training's stack (vmap, episode limit, auto-reset to the cached first state),
@@ -288,8 +335,15 @@ def _build(jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episo
         parts = (state.obs, state.info["final_obs"], state.reward, term, trunc, ep["sum_reward"], ep["length"])
         return pack(state), jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
 
-    return SimpleNamespace(env=env, keys=keys, unpack=unpack, reset=jax.jit(reset), step=jax.jit(step, donate_argnums=0),
-                           obs_dim=obs_dim, act_dim=act_dim)
+    return SimpleNamespace(
+        env=env,
+        keys=keys,
+        unpack=unpack,
+        reset=jax.jit(reset),
+        step=jax.jit(step, donate_argnums=0),
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+    )
 
 
 def _state_packer(jax, jnp, example):
@@ -312,7 +366,7 @@ def _state_packer(jax, jnp, example):
             offset = 0
             for i in g:
                 size = leaves[i].size
-                xs[i] = buf[offset:offset + size].reshape(leaves[i].shape)
+                xs[i] = buf[offset : offset + size].reshape(leaves[i].shape)
                 offset += size
         return jax.tree.unflatten(treedef, xs)
 

@@ -48,8 +48,13 @@ EXIT_NONFINITE = 3
 EXIT_BAD_FILE = 4
 EXIT_IO = 5
 EXIT_INTERRUPTED = 130
-STATUS_EXIT = {"finished": EXIT_OK, "paused": EXIT_OK, "stopped": EXIT_OK, "nonfinite": EXIT_NONFINITE,
-               "interrupted": EXIT_INTERRUPTED}
+STATUS_EXIT = {
+    "finished": EXIT_OK,
+    "paused": EXIT_OK,
+    "stopped": EXIT_OK,
+    "nonfinite": EXIT_NONFINITE,
+    "interrupted": EXIT_INTERRUPTED,
+}
 
 CHECKPOINT = "checkpoints/last.pt"
 ARGS, METRICS, SUMMARY, CURVE = "args.json", "metrics.jsonl", "summary.json", "curve.png"
@@ -128,8 +133,12 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 # RNG state
 # ---------------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -151,9 +160,17 @@ class RunFolder:
     difference is refused with one line listing the names and both values.
     """
 
-    def __init__(self, runs_dir: str | os.PathLike, run_name: str, config: Mapping[str, Any], resume: bool,
-                 may_change: Iterable[str] = (), track: bool = False, wandb_project_name: str = "fpo",
-                 wandb_entity: Optional[str] = None):
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike,
+        run_name: str,
+        config: Mapping[str, Any],
+        resume: bool,
+        may_change: Iterable[str] = (),
+        track: bool = False,
+        wandb_project_name: str = "fpo",
+        wandb_entity: Optional[str] = None,
+    ):
         if not run_name or run_name in (".", "..") or "/" in run_name or os.sep in run_name:
             raise RunError(f"--run-name {run_name!r} is not a folder name; use letters, digits, '-', '_', '.'")
         self.path = Path(runs_dir) / run_name
@@ -168,8 +185,10 @@ class RunFolder:
         self._handlers: dict = {}
         has_ckpt = self.ckpt_path.exists()
         if has_ckpt and not resume:
-            raise RunError(f"run folder {self.path} already holds a checkpoint: pass --resume to continue it, "
-                           f"or --run-name to start another run")
+            raise RunError(
+                f"run folder {self.path} already holds a checkpoint: pass --resume to continue it, "
+                f"or --run-name to start another run"
+            )
         self.resuming = has_ckpt
         self._created = not self.path.exists()
         if self.resuming:
@@ -179,16 +198,25 @@ class RunFolder:
         try:
             saved = json.loads((self.path / ARGS).read_text())
         except (OSError, ValueError) as err:
-            raise RunError(f"cannot read {self.path / ARGS} ({type(err).__name__}); it records the run's "
-                           f"settings, which --resume needs", EXIT_BAD_FILE) from err
+            raise RunError(
+                f"cannot read {self.path / ARGS} ({type(err).__name__}); it records the run's "
+                f"settings, which --resume needs",
+                EXIT_BAD_FILE,
+            ) from err
+
         def shown(d, k):
             return repr(d[k]) if k in d else "(unset)"
 
-        diffs = [f"{k}: {shown(saved, k)} -> {shown(self.config, k)}" for k in sorted(set(saved) | set(self.config))
-                 if k not in may_change and (k not in saved or k not in self.config or saved[k] != self.config[k])]
+        diffs = [
+            f"{k}: {shown(saved, k)} -> {shown(self.config, k)}"
+            for k in sorted(set(saved) | set(self.config))
+            if k not in may_change and (k not in saved or k not in self.config or saved[k] != self.config[k])
+        ]
         if diffs:
-            raise RunError(f"--resume: settings differ from {self.path / ARGS}: {'; '.join(diffs)} "
-                           f"(pass the folder's values, or --run-name to start another run)")
+            raise RunError(
+                f"--resume: settings differ from {self.path / ARGS}: {'; '.join(diffs)} "
+                f"(pass the folder's values, or --run-name to start another run)"
+            )
 
     # --- context: signals, cleanup ---------------------------------------------------------------
     def __enter__(self) -> "RunFolder":
@@ -219,8 +247,11 @@ class RunFolder:
             raise KeyboardInterrupt
         self.stop_requested = True
         self.signal_name = signal.Signals(signum).name
-        print(f"\n{self.signal_name}: stopping at the next safe point (send it again to stop at once)",
-              file=sys.stderr, flush=True)
+        print(
+            f"\n{self.signal_name}: stopping at the next safe point (send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         for sig, handler in self._handlers.items():
@@ -272,8 +303,11 @@ class RunFolder:
             if not isinstance(payload, dict) or "rng" not in payload:
                 raise ValueError("not a run checkpoint")
         except Exception as err:  # truncated, foreign or unreadable file: all end the same way
-            raise RunError(f"checkpoint {self.ckpt_path} is unreadable ({type(err).__name__}); restore a copy, "
-                           f"or delete the folder to start over", EXIT_BAD_FILE) from err
+            raise RunError(
+                f"checkpoint {self.ckpt_path} is unreadable ({type(err).__name__}); restore a copy, "
+                f"or delete the folder to start over",
+                EXIT_BAD_FILE,
+            ) from err
         set_rng_state(payload["rng"])
         return payload
 
@@ -293,9 +327,14 @@ class RunFolder:
                     import wandb
                 except ImportError as err:
                     raise RunError("--track sends scalars to Weights & Biases: pip install wandb") from err
-                self._wandb = wandb.init(project=self.wandb_project_name, entity=self.wandb_entity,
-                                         name=self.path.name, config=self.config, sync_tensorboard=True,
-                                         save_code=True)
+                self._wandb = wandb.init(
+                    project=self.wandb_project_name,
+                    entity=self.wandb_entity,
+                    name=self.path.name,
+                    config=self.config,
+                    sync_tensorboard=True,
+                    save_code=True,
+                )
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(self.path))
@@ -334,7 +373,7 @@ class RunFolder:
         grid = np.full((rows * (h + 2) + 2, nrow * (w + 2) + 2, 3), 255, dtype=np.uint8)
         for i in range(n):
             r, c = divmod(i, nrow)
-            grid[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = x[i]
+            grid[2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = x[i]
         path = self.path / "samples" / f"{name}.png"
         atomic_write(path, lambda tmp: Image.fromarray(grid).save(tmp, format="PNG"))
         return path
@@ -407,8 +446,12 @@ def check_choices(args_type: type, argv: list[str]) -> None:
                 raise RunError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
 
 
-def cli(main: Callable[[Any], Any], args_type: type, presets: Optional[Mapping[str, Any]] = None,
-        argv: Optional[list[str]] = None) -> None:
+def cli(
+    main: Callable[[Any], Any],
+    args_type: type,
+    presets: Optional[Mapping[str, Any]] = None,
+    argv: Optional[list[str]] = None,
+) -> None:
     """Parse the command line into `args_type` (defaults from `--preset NAME` when presets are given),
     run `main(args)`, and exit with the code of the returned summary's status. Every RunError or
     ValueError ends as one line on stderr and its exit code."""
@@ -438,7 +481,9 @@ def cli(main: Callable[[Any], Any], args_type: type, presets: Optional[Mapping[s
     status = summary.get("status") if isinstance(summary, Mapping) else None
     code = exit_code(status)
     if code != EXIT_OK:
-        what = {"nonfinite": "the run went non-finite; its last good checkpoint is kept",
-                "interrupted": "interrupted; continue with --resume"}[status]
+        what = {
+            "nonfinite": "the run went non-finite; its last good checkpoint is kept",
+            "interrupted": "interrupted; continue with --resume",
+        }[status]
         print(f"error: {what} ({summary.get('stop_reason') or status})", file=sys.stderr)
     sys.exit(code)

@@ -93,7 +93,8 @@ def check_unet_config(config: dict) -> dict:
         raise ValueError(f"_class_name={cls_name!r} is not supported; only 'UNet2DModel' configs load")
     # Options added to diffusers later default to None (= off); any other unknown key may change the maths.
     unknown = sorted(
-        k for k in config
+        k
+        for k in config
         if not k.startswith("_") and k not in UNET_DEFAULTS and k != CONVENTION_KEY and config[k] is not None
     )
     if unknown:
@@ -129,7 +130,9 @@ def timestep_embedding(t: torch.Tensor, dim: int, flip_sin_to_cos: bool, freq_sh
     ``[sin, cos]``, or ``[cos, sin]`` when ``flip_sin_to_cos``, zero-padded to an odd ``dim``.
     """
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / (half - freq_shift))
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / (half - freq_shift)
+    )
     arg = t.float()[:, None] * freqs[None, :]
     emb = torch.cat([torch.cos(arg), torch.sin(arg)] if flip_sin_to_cos else [torch.sin(arg), torch.cos(arg)], dim=-1)
     return F.pad(emb, (0, 1)) if dim % 2 else emb
@@ -151,8 +154,9 @@ class ResnetBlock(nn.Module):
     """GroupNorm-SiLU-conv, add projected time embedding, GroupNorm-SiLU-dropout-conv, plus a
     (1x1-projected when the width changes) shortcut, all divided by ``output_scale``."""
 
-    def __init__(self, c_in: int, c_out: int, c_emb: int, groups: int, eps: float, dropout: float,
-                 output_scale: float = 1.0):
+    def __init__(
+        self, c_in: int, c_out: int, c_emb: int, groups: int, eps: float, dropout: float, output_scale: float = 1.0
+    ):
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, c_in, eps=eps)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
@@ -191,7 +195,9 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, hgt, wid = x.shape
         h = self.group_norm(x.reshape(n, c, hgt * wid)).transpose(1, 2)  # (N, HW, C)
-        q, k, v = (proj(h).view(n, hgt * wid, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
+        q, k, v = (
+            proj(h).view(n, hgt * wid, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v)
+        )
         h = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, hgt * wid, -1)
         h = self.to_out[0](h).transpose(1, 2).reshape(n, c, hgt, wid)
         return (h + x) / self.output_scale
@@ -226,7 +232,9 @@ class DownBlock(nn.Module):
 
     def __init__(self, c_in, c_out, c_emb, layers, attn, head_dim, groups, eps, dropout, downsample, pad):
         super().__init__()
-        self.attentions = nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
+        self.attentions = (
+            nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
+        )
         self.resnets = nn.ModuleList(
             ResnetBlock(c_in if i == 0 else c_out, c_out, c_emb, groups, eps, dropout) for i in range(layers)
         )
@@ -251,7 +259,9 @@ class UpBlock(nn.Module):
 
     def __init__(self, c_in, c_prev, c_out, c_emb, layers, attn, head_dim, groups, eps, dropout, upsample):
         super().__init__()
-        self.attentions = nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
+        self.attentions = (
+            nn.ModuleList(SelfAttention(c_out, head_dim, groups, eps) for _ in range(layers)) if attn else None
+        )
         self.resnets = nn.ModuleList(
             ResnetBlock(
                 (c_prev if i == 0 else c_out) + (c_in if i == layers - 1 else c_out), c_out, c_emb, groups, eps, dropout
@@ -313,8 +323,19 @@ class UNet2D(nn.Module):
         for i, kind in enumerate(cfg["down_block_types"]):
             c_in, c_out = ch[max(i - 1, 0)], ch[i]
             self.down_blocks.append(
-                DownBlock(c_in, c_out, c_emb, layers, kind == "AttnDownBlock2D", hd or c_out, groups, eps, drop,
-                          i < len(ch) - 1, pad)
+                DownBlock(
+                    c_in,
+                    c_out,
+                    c_emb,
+                    layers,
+                    kind == "AttnDownBlock2D",
+                    hd or c_out,
+                    groups,
+                    eps,
+                    drop,
+                    i < len(ch) - 1,
+                    pad,
+                )
             )
         self.mid_block = None
         if cfg["mid_block_type"] is not None:
@@ -325,8 +346,19 @@ class UNet2D(nn.Module):
         for i, kind in enumerate(cfg["up_block_types"]):
             c_prev, c_out, c_in = rch[max(i - 1, 0)], rch[i], rch[min(i + 1, len(ch) - 1)]
             self.up_blocks.append(
-                UpBlock(c_in, c_prev, c_out, c_emb, layers + 1, kind == "AttnUpBlock2D", hd or c_out, groups, eps, drop,
-                        i < len(ch) - 1)
+                UpBlock(
+                    c_in,
+                    c_prev,
+                    c_out,
+                    c_emb,
+                    layers + 1,
+                    kind == "AttnUpBlock2D",
+                    hd or c_out,
+                    groups,
+                    eps,
+                    drop,
+                    i < len(ch) - 1,
+                )
             )
         self.conv_norm_out = nn.GroupNorm(groups, ch[0], eps=eps)
         self.conv_out = nn.Conv2d(ch[0], cfg["out_channels"], 3, padding=1)
@@ -388,7 +420,9 @@ def _model_folder(path: str | os.PathLike) -> Path:
     for folder in (path, path / "unet"):
         if (folder / "config.json").is_file():
             return folder
-    raise _bad_file(f"no config.json in {str(path)!r} or {str(path / 'unet')!r}; expected a diffusers UNet2DModel folder")
+    raise _bad_file(
+        f"no config.json in {str(path)!r} or {str(path / 'unet')!r}; expected a diffusers UNet2DModel folder"
+    )
 
 
 def _rename_legacy_attention(state: dict) -> dict:
@@ -402,7 +436,9 @@ def _rename_legacy_attention(state: dict) -> dict:
     return out
 
 
-def load_unet(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> UNet2D:
+def load_unet(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> UNet2D:
     """Load a diffusers ``UNet2DModel`` folder (``config.json`` + ``diffusion_pytorch_model``
     ``.safetensors`` or ``.bin``; a pipeline folder's ``unet/`` also works) into `UNet2D`, strictly.
     The network is returned in eval mode on ``device`` in ``dtype``."""
@@ -423,12 +459,16 @@ def load_unet(path: str | os.PathLike, device: str | torch.device = "cpu", dtype
         else:
             state = torch.load(files[0], map_location="cpu", weights_only=True)
     except Exception as err:  # truncated or corrupt file: safetensors, pickle and zip raise different types
-        raise _bad_file(f"{files[0]} is truncated or corrupt ({type(err).__name__}); download or save it again") from None
+        raise _bad_file(
+            f"{files[0]} is truncated or corrupt ({type(err).__name__}); download or save it again"
+        ) from None
     try:
         net.load_state_dict(_rename_legacy_attention(state), strict=True)
     except RuntimeError as err:
         first = str(err).strip().splitlines()
-        raise _bad_file(f"{files[0]} does not match its config.json: {first[1].strip() if len(first) > 1 else first[0]}") from None
+        raise _bad_file(
+            f"{files[0]} does not match its config.json: {first[1].strip() if len(first) > 1 else first[0]}"
+        ) from None
     return net.to(device=device, dtype=dtype).eval()
 
 
@@ -460,7 +500,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -487,12 +529,12 @@ def resolve_model(model: str) -> str:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ValueError(f"{model!r} needs huggingface_hub (pip install huggingface_hub) or a local copy; {hint}") from None
+        raise ValueError(
+            f"{model!r} needs huggingface_hub (pip install huggingface_hub) or a local copy; {hint}"
+        ) from None
     files = ["config.json", "diffusion_pytorch_model.safetensors"]
     patterns = files + [f"unet/{f}" for f in files]
     return snapshot_download(repo_id=model, allow_patterns=patterns)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,8 +560,9 @@ def sample_images(net, latents: torch.Tensor, steps: int, convention: str, autoc
     return x.clamp(-1.0, 1.0)
 
 
-def velocity_losses(net, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, convention: str,
-                    autocast=None) -> torch.Tensor:
+def velocity_losses(
+    net, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, convention: str, autocast=None
+) -> torch.Tensor:
     """Per-dimension velocity losses l_v = |v - u|^2 / d for endpoints x (n,C,H,W), times t (n,M) and
     noises eps (n,M,C,H,W); returns (n, M) in FP32 (eq:path, eq:targets)."""
     n, m = t.shape

@@ -57,11 +57,15 @@ def calibrate(images_u8: np.ndarray) -> dict:
     """Feature means, population SDs and widths of uint8 (N, 32, 32, 3) images."""
     x = torch.as_tensor(images_u8).permute(0, 3, 1, 2).float() / 127.5 - 1.0
     with torch.no_grad():
-        feats = torch.cat([rewards.edge_features(x[i:i + 512]) for i in range(0, len(x), 512)]).double().numpy()
+        feats = torch.cat([rewards.edge_features(x[i : i + 512]) for i in range(0, len(x), 512)]).double().numpy()
     mean, sd = feats.mean(axis=0), feats.std(axis=0)
     width = rewards.edge_width(sd, mean)
-    return {"features": list(rewards.EDGE_FEATURE_NAMES), "mean": mean.tolist(), "sd": sd.tolist(),
-            "width": width.tolist()}
+    return {
+        "features": list(rewards.EDGE_FEATURE_NAMES),
+        "mean": mean.tolist(),
+        "sd": sd.tolist(),
+        "width": width.tolist(),
+    }
 
 
 def main(args: Args) -> None:
@@ -76,20 +80,25 @@ def main(args: Args) -> None:
     else:
         idx = np.sort(np.random.default_rng(args.seed).choice(len(images), args.num_images, replace=False))
     calib = calibrate(images[idx])
-    calib.update({
-        "width_rule": "max(2.5 * sd, 0.05 * |mean|, 0.001)",
-        "width_multiplier": rewards.EDGE_WIDTH_MULTIPLIER,
-        "relative_floor": rewards.EDGE_RELATIVE_FLOOR,
-        "absolute_floor": rewards.EDGE_ABSOLUTE_FLOOR,
-        "num_images": args.num_images,
-        "subset": args.subset,
-        "seed": args.seed if args.subset == "seeded" else None,
-        "source": pathlib.Path(args.data).name,
-        "note": ("first N training images in file order" if args.subset == "first" else
-                 "fixed seeded random subset: numpy.random.default_rng(seed).choice(N_train, num_images, "
-                 "replace=False), sorted; used because the JPEG copy of CIFAR-10 is ordered by class, "
-                 "not in the original order, so the paper's first 4,096 images cannot be reproduced from it"),
-    })
+    calib.update(
+        {
+            "width_rule": "max(2.5 * sd, 0.05 * |mean|, 0.001)",
+            "width_multiplier": rewards.EDGE_WIDTH_MULTIPLIER,
+            "relative_floor": rewards.EDGE_RELATIVE_FLOOR,
+            "absolute_floor": rewards.EDGE_ABSOLUTE_FLOOR,
+            "num_images": args.num_images,
+            "subset": args.subset,
+            "seed": args.seed if args.subset == "seeded" else None,
+            "source": pathlib.Path(args.data).name,
+            "note": (
+                "first N training images in file order"
+                if args.subset == "first"
+                else "fixed seeded random subset: numpy.random.default_rng(seed).choice(N_train, num_images, "
+                "replace=False), sorted; used because the JPEG copy of CIFAR-10 is ordered by class, "
+                "not in the original order, so the paper's first 4,096 images cannot be reproduced from it"
+            ),
+        }
+    )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(calib, indent=2) + "\n")

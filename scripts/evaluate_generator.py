@@ -32,10 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from cifar10 import load_cifar10  # noqa: E402
+
+import rewards  # noqa: E402
 from fpo_utils.cifar_fast import pick_device  # noqa: E402
 from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images  # noqa: E402
-import rewards  # noqa: E402
-from cifar10 import load_cifar10  # noqa: E402
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -67,7 +68,7 @@ def features_and_classes(clf, images: torch.Tensor, batch: int = 1000):
     """Penultimate classifier features (N, 256) and predicted classes (N,) for images in [-1, 1]."""
     feats, classes = [], []
     for s in range(0, images.shape[0], batch):
-        x = images[s:s + batch]
+        x = images[s : s + batch]
         h = clf.features(clf.normalise(x)).amax(dim=(2, 3))
         feats.append(h.double().cpu())
         classes.append((clf.head(h) * clf.logit_scale).argmax(dim=1).cpu())
@@ -81,7 +82,9 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     w, v = np.linalg.eigh(s_a)
     root_a = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
     cross = np.linalg.eigvalsh(root_a @ s_b @ root_a)  # same eigenvalues as S_a S_b
-    return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * np.sqrt(np.clip(cross, 0, None)).sum())
+    return float(
+        ((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * np.sqrt(np.clip(cross, 0, None)).sum()
+    )
 
 
 @torch.no_grad()
@@ -103,7 +106,7 @@ def save_grid(images: torch.Tensor, path: Path, nrow: int = 8):
     grid = np.full((-(-n // nrow) * (h + 2) + 2, nrow * (w + 2) + 2, 3), 255, dtype=np.uint8)
     for i in range(n):
         r, c = divmod(i, nrow)
-        grid[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = x[i]
+        grid[2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = x[i]
     Image.fromarray(grid).save(path)
 
 
@@ -132,8 +135,9 @@ def main(args: Args) -> dict:
 
     torch.manual_seed(args.seed)
     untrained = UNet2D.from_config(net.config).to(device).eval()
-    f_untrained, _ = features_and_classes(clf, generate(untrained, args.n, args.sample_steps, args.seed,
-                                                        args.batch_size, device, convention))
+    f_untrained, _ = features_and_classes(
+        clf, generate(untrained, args.n, args.sample_steps, args.seed, args.batch_size, device, convention)
+    )
     hist = np.bincount(cls_gen, minlength=10) / len(cls_gen)
     result = {
         "model": args.model,

@@ -29,7 +29,6 @@ import pathlib
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -190,7 +189,9 @@ def main(args: Args) -> dict:
     if args.resume:
         state = torch.load(state_path, map_location=device, weights_only=False)
         if state["unet_config"] != unet_config(args):
-            raise ValueError(f"--resume: {state_path} was trained with a different architecture: {state['unet_config']}")
+            raise ValueError(
+                f"--resume: {state_path} was trained with a different architecture: {state['unet_config']}"
+            )
         net.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         opt.load_state_dict(state["optimizer"])
@@ -225,9 +226,16 @@ def main(args: Args) -> dict:
         if args.save_state:
             torch.save(
                 dict(
-                    model=net.state_dict(), ema=ema.state_dict(), optimizer=opt.state_dict(), step=step,
-                    images_seen=seen, train_seconds=train_seconds, unet_config=unet_config(args), args=asdict(args),
-                    cpu_rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda else None,
+                    model=net.state_dict(),
+                    ema=ema.state_dict(),
+                    optimizer=opt.state_dict(),
+                    step=step,
+                    images_seen=seen,
+                    train_seconds=train_seconds,
+                    unet_config=unet_config(args),
+                    args=asdict(args),
+                    cpu_rng=torch.get_rng_state(),
+                    cuda_rng=torch.cuda.get_rng_state() if cuda else None,
                 ),
                 state_path,
             )
@@ -264,7 +272,10 @@ def main(args: Args) -> dict:
             loss_sum.zero_()
             loss_n = 0
             elapsed = time.time() - t_start
-            print(f"step {step} epoch {seen / n_data:.2f} loss {mean:.4f} (mean since last line) {elapsed:.0f}s", flush=True)
+            print(
+                f"step {step} epoch {seen / n_data:.2f} loss {mean:.4f} (mean since last line) {elapsed:.0f}s",
+                flush=True,
+            )
         if time.time() - t_save > args.save_every_minutes * 60:
             train_seconds += time.time() - t_loop
             t_loop = t_save = time.time()
@@ -285,8 +296,12 @@ def main(args: Args) -> dict:
     if args.num_samples > 0:
         save_grid(euler_samples(saved, args.num_samples, args.sample_steps, args.seed, device), out / "samples.png")
     summary = dict(
-        steps=step, epochs=round(seen / n_data, 2), train_seconds=round(train_seconds, 1),
-        wall_seconds=round(time.time() - t_start, 1), final_ema_loss=round(final_loss, 5), parameters=n_params,
+        steps=step,
+        epochs=round(seen / n_data, 2),
+        train_seconds=round(train_seconds, 1),
+        wall_seconds=round(time.time() - t_start, 1),
+        final_ema_loss=round(final_loss, 5),
+        parameters=n_params,
         device=torch.cuda.get_device_name(device) if cuda else "cpu",
     )
     print("summary " + json.dumps(summary), flush=True)

@@ -106,8 +106,8 @@ def accuracy(model, images_u8: torch.Tensor, labels: torch.Tensor, batch: int = 
     model.eval()
     correct = 0
     for i in range(0, len(labels), batch):
-        logits = model(uint8_to_pm1(images_u8[i:i + batch]))
-        correct += (logits.argmax(1) == labels[i:i + batch]).sum().item()
+        logits = model(uint8_to_pm1(images_u8[i : i + batch]))
+        correct += (logits.argmax(1) == labels[i : i + batch]).sum().item()
     return correct / len(labels)
 
 
@@ -153,20 +153,22 @@ def main(args: Args) -> None:
     print(f"train {tuple(xtr.shape)} on {device}")
 
     model = rewards.CifarClassifier(widths=args.widths).to(device).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=True,
-                          weight_decay=args.weight_decay)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=True, weight_decay=args.weight_decay
+    )
     steps_per_epoch = len(ytr) // args.batch_size
     total = args.epochs * steps_per_epoch
     warm = max(1, int(args.warmup * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / (total - warm)))
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / (total - warm))
+    )
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     t0 = time.time()
     for epoch in range(args.epochs):
         model.train()
         perm = torch.randperm(len(ytr), device=device, generator=gen)
         for i in range(steps_per_epoch):
-            idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+            idx = perm[i * args.batch_size : (i + 1) * args.batch_size]
             x = flip_crop(uint8_to_pm1(xtr[idx]), args.pad, gen).contiguous(memory_format=torch.channels_last)
             with autocast:
                 loss = F.cross_entropy(model(x).float(), ytr[idx], label_smoothing=args.label_smoothing)

@@ -90,7 +90,7 @@ def to_tensor(images, device) -> torch.Tensor:
 
 
 def _grey(x: torch.Tensor) -> torch.Tensor:
-    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+    return 0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
 
 
 def _hue_rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
@@ -151,8 +151,10 @@ def nt_xent(z: torch.Tensor, temperature: float) -> torch.Tensor:
 def embed(encoder, images_u8: torch.Tensor, batch: int = 2000) -> torch.Tensor:
     """Unit-norm encoder representations of uint8 (N, 3, 32, 32) images."""
     encoder.eval()
-    out = [F.normalize(encoder(images_u8[i:i + batch].float() / 127.5 - 1.0).float(), dim=1)
-           for i in range(0, len(images_u8), batch)]
+    out = [
+        F.normalize(encoder(images_u8[i : i + batch].float() / 127.5 - 1.0).float(), dim=1)
+        for i in range(0, len(images_u8), batch)
+    ]
     return torch.cat(out)
 
 
@@ -161,11 +163,11 @@ def knn_accuracy(train_f, train_y, test_f, test_y, k: int = 200, t: float = 0.1,
     """Weighted k-NN top-1 accuracy (votes exp(cos / t)) with unit-norm features."""
     correct = 0
     for i in range(0, len(test_y), 1000):
-        sim = test_f[i:i + 1000] @ train_f.T
+        sim = test_f[i : i + 1000] @ train_f.T
         top, idx = sim.topk(k, dim=1)
         votes = torch.zeros(len(top), classes, device=sim.device)
         votes.scatter_add_(1, train_y[idx], torch.exp(top / t))
-        correct += (votes.argmax(1) == test_y[i:i + 1000]).sum().item()
+        correct += (votes.argmax(1) == test_y[i : i + 1000]).sum().item()
     return correct / len(test_y)
 
 
@@ -208,13 +210,16 @@ def main(args: Args) -> None:
         perm = torch.randperm(len(ytr), device=device, generator=gen)
         for i in range(steps_per_epoch):
             step = epoch * steps_per_epoch + i
-            total = (epochs or 10 ** 6) * steps_per_epoch
+            total = (epochs or 10**6) * steps_per_epoch
             warm = args.warmup_epochs * steps_per_epoch
-            lr = args.lr * ((step + 1) / warm if step < warm
-                            else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
+            lr = args.lr * (
+                (step + 1) / warm
+                if step < warm
+                else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+            )
             for group in opt.param_groups:
                 group["lr"] = lr
-            x01 = xtr[perm[i * args.batch_size:(i + 1) * args.batch_size]].float() / 255.0
+            x01 = xtr[perm[i * args.batch_size : (i + 1) * args.batch_size]].float() / 255.0
             views = torch.cat([augment(x01, gen), augment(x01, gen)]).contiguous(memory_format=torch.channels_last)
             with autocast:
                 loss = nt_xent(head(encoder(views)), args.temperature)
@@ -237,16 +242,20 @@ def main(args: Args) -> None:
 
     encoder = encoder.to(memory_format=torch.contiguous_format).eval()
     # prototypes and evaluation from the fp16-rounded encoder that ships
-    state = {f"encoder.{k}": (v.half() if v.is_floating_point() else v).contiguous().cpu()
-             for k, v in encoder.state_dict().items()}
-    encoder.load_state_dict({k[len("encoder."):]: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    state = {
+        f"encoder.{k}": (v.half() if v.is_floating_point() else v).contiguous().cpu()
+        for k, v in encoder.state_dict().items()
+    }
+    encoder.load_state_dict({k[len("encoder.") :]: v.float() if v.is_floating_point() else v for k, v in state.items()})
     ftr = embed(encoder, xtr)
     protos = class_prototypes(ftr, ytr)
     meta = {
         "model": {"widths": list(args.widths), "blocks": args.blocks},
         "classes": list(rewards.CIFAR10_CLASSES),
         "representation": "global-average-pooled encoder output (projection head not shipped)",
-        "prototypes": "mean unit-norm representation of each class's 5,000 training images (no augmentation), renormalised",
+        "prototypes": (
+            "mean unit-norm representation of each class's 5,000 training images (no augmentation), renormalised"
+        ),
         "input": "images in [-1, 1], (N, 3, 32, 32); CIFAR-10 mean/std normalisation inside the module",
         "train_args": {**asdict(args), "epochs": epochs},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -258,8 +267,10 @@ def main(args: Args) -> None:
         meta["knn_test_accuracy"] = knn_accuracy(ftr, ytr, fte, yte, args.knn_k)
         meta["knn_k"] = args.knn_k
         meta["prototype_test_accuracy"] = (fte @ protos.T).argmax(1).eq(yte).float().mean().item()
-        print(f"k-NN (k={args.knn_k}) test accuracy {meta['knn_test_accuracy']:.4f}; "
-              f"nearest prototype {meta['prototype_test_accuracy']:.4f}")
+        print(
+            f"k-NN (k={args.knn_k}) test accuracy {meta['knn_test_accuracy']:.4f}; "
+            f"nearest prototype {meta['prototype_test_accuracy']:.4f}"
+        )
     from safetensors.torch import save_file
 
     save_file({**state, "prototypes": protos.float().contiguous().cpu()}, str(path))

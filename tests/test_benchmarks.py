@@ -45,11 +45,20 @@ def test_robot_update_matrix_products_count_the_default_network():
 
     # HalfCheetah: obs 17, action 6; 256 actions x 8 draws per minibatch; actor 3x64, critic 2x64, embedding 8
     shapes = bench_robot_floor.update_gemms(2048, 256, 17, 6, 8, 64, 3, 64, 2)
-    assert shapes == [(256, 17, 64, False), (2048, 6, 64, False), (2048, 8, 64, False),
-                      (2048, 64, 64, True), (2048, 64, 64, True), (2048, 64, 6, True),
-                      (256, 17, 64, False), (256, 64, 64, True), (256, 64, 1, True)]
-    by_hand = (2 * 2 * (256 * 17 * 64 + 2048 * 6 * 64 + 2048 * 8 * 64 + 256 * 17 * 64)
-               + 2 * 3 * (2 * 2048 * 64 * 64 + 2048 * 64 * 6 + 256 * 64 * 64 + 256 * 64))
+    assert shapes == [
+        (256, 17, 64, False),
+        (2048, 6, 64, False),
+        (2048, 8, 64, False),
+        (2048, 64, 64, True),
+        (2048, 64, 64, True),
+        (2048, 64, 6, True),
+        (256, 17, 64, False),
+        (256, 64, 64, True),
+        (256, 64, 1, True),
+    ]
+    by_hand = 2 * 2 * (256 * 17 * 64 + 2048 * 6 * 64 + 2048 * 8 * 64 + 256 * 17 * 64) + 2 * 3 * (
+        2 * 2048 * 64 * 64 + 2048 * 64 * 6 + 256 * 64 * 64 + 256 * 64
+    )
     assert bench_robot_floor.gemm_flops(shapes) == by_hand
 
 

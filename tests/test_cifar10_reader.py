@@ -73,7 +73,10 @@ def test_errors(tmp_path):
 
 
 # CIFAR10_DATA may name the folder; otherwise the JPEG copy is looked for in two usual places.
-CANDIDATES = [Path(os.environ.get("CIFAR10_DATA", ROOT / "data" / "cifar10")), ROOT.parent / "shared" / "data" / "cifar10"]
+CANDIDATES = [
+    Path(os.environ.get("CIFAR10_DATA", ROOT / "data" / "cifar10")),
+    ROOT.parent / "shared" / "data" / "cifar10",
+]
 REAL = [p for p in CANDIDATES if (p / "test.zip").is_file()]
 
 

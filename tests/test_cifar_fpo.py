@@ -17,8 +17,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import cifar_fpo  # noqa: E402
 from jsonl_records import read_jsonl, strip_times  # noqa: E402
+
+import cifar_fpo  # noqa: E402
 
 TINY_UNET = {
     "_class_name": "UNet2DModel",
@@ -47,16 +48,47 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-TINY_FLAGS = ["--preset", "quick", "--reward", "red-patch", "--device", "cpu", "--batch-size", "4",
-              "--group-size", "2", "--mc-draws", "2", "--sample-steps", "2", "--val-every", "2",
-              "--val-banks", "1", "--val-bank-size", "4", "--calib-bank-size", "8", "--fit-batch-size", "4",
-              "--learning-rate", "1e-3", "--no-verbose"]
+TINY_FLAGS = [
+    "--preset",
+    "quick",
+    "--reward",
+    "red-patch",
+    "--device",
+    "cpu",
+    "--batch-size",
+    "4",
+    "--group-size",
+    "2",
+    "--mc-draws",
+    "2",
+    "--sample-steps",
+    "2",
+    "--val-every",
+    "2",
+    "--val-banks",
+    "1",
+    "--val-bank-size",
+    "4",
+    "--calib-bank-size",
+    "8",
+    "--fit-batch-size",
+    "4",
+    "--learning-rate",
+    "1e-3",
+    "--no-verbose",
+]
 
 
 def run_script(args, cwd, timeout=300, check=True):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "cifar_fpo.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "cifar_fpo.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"cifar_fpo.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -86,8 +118,11 @@ def test_fpo_loss_matches_hand_computation():
     assert torch.allclose(ratio, r)
     assert torch.allclose(loss, expect)
     # sample 0: r = e^0.4 > 1.08 with A > 0 -> clipped term 1.08 A is the minimum
-    assert math.isclose(float(-(1.08 * 1.0 + torch.minimum(r[1] * -2, r[1].clamp(0.92, 1.08) * -2) + 0.5) / 3),
-                        float(loss), rel_tol=1e-6)
+    assert math.isclose(
+        float(-(1.08 * 1.0 + torch.minimum(r[1] * -2, r[1].clamp(0.92, 1.08) * -2) + 0.5) / 3),
+        float(loss),
+        rel_tol=1e-6,
+    )
 
 
 def test_fpo_loss_clamps_log_surrogate_and_weights_draws():
@@ -142,8 +177,9 @@ def test_euler_sampler_integrates_a_known_field():
 
 
 def test_stopping_rule():
-    args = cifar_fpo.resolve_args(cifar_fpo.Args(model="unused", min_updates_before_stop=40, stop_patience=3,
-                                                 stop_degrade_nodes=2, val_every=20))
+    args = cifar_fpo.resolve_args(
+        cifar_fpo.Args(model="unused", min_updates_before_stop=40, stop_patience=3, stop_degrade_nodes=2, val_every=20)
+    )
     rising = [{"update": 20 * i, "val_reward": 0.1 * i} for i in range(6)]
     assert cifar_fpo.should_stop(rising, args) is None
     flat = [{"update": 20 * i, "val_reward": v} for i, v in enumerate([0.1, 0.5, 0.5, 0.5, 0.5])]
@@ -154,14 +190,17 @@ def test_stopping_rule():
     assert cifar_fpo.should_stop(early, args) is None  # before min_updates_before_stop
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(weighting="magic"), "--weighting 'magic'"),
-    (dict(batch_size=30, group_size=16), "not divisible"),
-    (dict(alpha=float("nan")), "--alpha is nan"),
-    (dict(estimator="q+x"), "--estimator"),
-    (dict(target="z"), "--target"),
-    (dict(preset="fast"), "--preset"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(weighting="magic"), "--weighting 'magic'"),
+        (dict(batch_size=30, group_size=16), "not divisible"),
+        (dict(alpha=float("nan")), "--alpha is nan"),
+        (dict(estimator="q+x"), "--estimator"),
+        (dict(target="z"), "--target"),
+        (dict(preset="fast"), "--preset"),
+    ],
+)
 def test_bad_arguments_raise_one_line_errors(bad, message):
     with pytest.raises(ValueError, match=message.replace("+", r"\+").replace("(", r"\(")) as err:
         cifar_fpo.resolve_args(cifar_fpo.Args(model="unused", **bad))
@@ -181,9 +220,24 @@ def test_cli_reports_bad_input_in_one_line(tmp_path):
 # whole-algorithm checks on a tiny U-Net
 # ------------------------------------------------------------------------------------------------
 def _tiny_args(tiny_model, tmp_path, **kw):
-    return replace(cifar_fpo.PRESETS["quick"], model=str(tiny_model), reward="red-patch", device="cpu", batch_size=4,
-                   group_size=2, mc_draws=2, sample_steps=2, calib_bank_size=8, val_banks=1, val_bank_size=4,
-                   learning_rate=1e-3, verbose=False, save_samples=False, runs_dir=str(tmp_path), **kw)
+    return replace(
+        cifar_fpo.PRESETS["quick"],
+        model=str(tiny_model),
+        reward="red-patch",
+        device="cpu",
+        batch_size=4,
+        group_size=2,
+        mc_draws=2,
+        sample_steps=2,
+        calib_bank_size=8,
+        val_banks=1,
+        val_bank_size=4,
+        learning_rate=1e-3,
+        verbose=False,
+        save_samples=False,
+        runs_dir=str(tmp_path),
+        **kw,
+    )
 
 
 def test_first_update_has_unit_ratio_and_moves_the_model(tiny_model, tmp_path):
@@ -217,20 +271,36 @@ def test_frozen_copy_keeps_theta_old_until_the_next_sync():
     assert torch.equal(ReusedLosses()(l_new, x, t, eps), l_new) and not ReusedLosses()(l_new, x, t, eps).requires_grad
 
 
-@pytest.mark.parametrize("weighting, extra", [
-    ("fixed", ["--alpha", "-2", "--estimator", "q+Z"]),
-    ("fixed", ["--target", "eps", "--estimator", "explicit"]),
-    ("schedule", ["--alpha-early", "-3", "--alpha-late", "1", "--k0", "1", "--k1", "3"]),
-    ("static-softmax", ["--eta", "1.0"]),
-    ("static-direct", []),
-    ("online-ema", []),
-    ("online-refit", ["--refit-every", "2"]),
-])
+@pytest.mark.parametrize(
+    "weighting, extra",
+    [
+        ("fixed", ["--alpha", "-2", "--estimator", "q+Z"]),
+        ("fixed", ["--target", "eps", "--estimator", "explicit"]),
+        ("schedule", ["--alpha-early", "-3", "--alpha-late", "1", "--k0", "1", "--k1", "3"]),
+        ("static-softmax", ["--eta", "1.0"]),
+        ("static-direct", []),
+        ("online-ema", []),
+        ("online-refit", ["--refit-every", "2"]),
+    ],
+)
 def test_every_weighting_runs(tiny_model, tmp_path, weighting, extra):
     import tyro
 
-    flags = [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--weighting", weighting, *extra,
-             "--run-name", "w", "--runs-dir", str(tmp_path / "runs"), "--no-save-samples"]
+    flags = [
+        *TINY_FLAGS,
+        "--model",
+        str(tiny_model),
+        "--num-updates",
+        "4",
+        "--weighting",
+        weighting,
+        *extra,
+        "--run-name",
+        "w",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--no-save-samples",
+    ]
     cifar_fpo.main(tyro.cli(cifar_fpo.Args, default=cifar_fpo.PRESETS["quick"], args=flags))  # in-process
     recs = [r for r in read_jsonl(tmp_path / "runs/w/metrics.jsonl") if r["kind"] == "update"]
     assert [r["update"] for r in recs] == [0, 1, 2, 3]
@@ -246,8 +316,9 @@ def test_every_weighting_runs(tiny_model, tmp_path, weighting, extra):
 
 
 def test_end_to_end_outputs(tiny_model, tmp_path):
-    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e",
-                       "--verbose"], cwd=tmp_path)
+    proc = run_script(
+        [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e", "--verbose"], cwd=tmp_path
+    )
     assert "C_x0" in proc.stdout
     folder = tmp_path / "runs" / "e2e"
     recs = read_jsonl(folder / "metrics.jsonl")
@@ -257,15 +328,28 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
     assert len(cal) == 1 and cal[0]["c_x0"] > 0
     assert [r["update"] for r in ups] == [0, 1, 2, 3]
     assert [r["update"] for r in vals] == [0, 2, 4]
-    for key in ("train_reward_mean", "train_reward_std", "loss", "ratio_mean", "ratio_max_dev", "clip_frac",
-                "grad_norm", "alpha", "q", "a_k"):
+    for key in (
+        "train_reward_mean",
+        "train_reward_std",
+        "loss",
+        "ratio_mean",
+        "ratio_max_dev",
+        "clip_frac",
+        "grad_norm",
+        "alpha",
+        "q",
+        "a_k",
+    ):
         assert key in ups[0], key
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["updates_done"] == 4
     assert summary["peak"] == max(v["val_reward"] for v in vals)  # eq:peak
     assert summary["peak_update"] in (0, 2, 4)
     assert sorted(p.name for p in (folder / "samples").glob("*.png")) == [
-        "update_00000.png", "update_00002.png", "update_00004.png"]
+        "update_00000.png",
+        "update_00002.png",
+        "update_00004.png",
+    ]
     ckpt = torch.load(folder / "checkpoints" / "last.pt", weights_only=False)
     assert ckpt["k"] == 4 and "optimizer" in ckpt and "rng" in ckpt
     args = json.loads((folder / "args.json").read_text())
@@ -281,19 +365,37 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
     assert [round(e.value, 6) for e in events.Scalars("charts/val_reward")] == [round(v["val_reward"], 6) for v in vals]
     assert (folder / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second start without --resume must not overwrite finished work
-    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e"],
-                      cwd=tmp_path, check=False)
+    proc = run_script(
+        [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e"], cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2 and "--resume" in proc.stderr.strip().splitlines()[-1]
     # --resume with a setting that changes the run is refused, naming the setting and both values
-    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e",
-                       "--resume", "--alpha", "-2"], cwd=tmp_path, check=False)
+    proc = run_script(
+        [
+            *TINY_FLAGS,
+            "--model",
+            str(tiny_model),
+            "--num-updates",
+            "4",
+            "--run-name",
+            "e2e",
+            "--resume",
+            "--alpha",
+            "-2",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2 and "alpha: 0.0 -> -2.0" in proc.stderr.strip().splitlines()[-1]
     # a truncated checkpoint: one line naming it and the bad-file exit code, the folder left as it was
     ckpt_path = folder / "checkpoints" / "last.pt"
     ckpt_path.write_bytes(ckpt_path.read_bytes()[:1000])
     before = sorted(p.name for p in folder.rglob("*"))
-    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e", "--resume"],
-                      cwd=tmp_path, check=False)
+    proc = run_script(
+        [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "4", "--run-name", "e2e", "--resume"],
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 4 and len(proc.stderr.strip().splitlines()) == 1 and "last.pt" in proc.stderr
     assert sorted(p.name for p in folder.rglob("*")) == before
 
@@ -319,8 +421,9 @@ def test_default_run_name_says_what_the_run_is():
     assert cifar_fpo.resolve_args(cifar_fpo.Args()).run_name == "auto-a35__alpha0__paper__20260724"
 
 
-@pytest.mark.parametrize("flag", ["preset", "weighting", "target", "estimator", "precision", "reward", "online-init",
-                                  "convention"])
+@pytest.mark.parametrize(
+    "flag", ["preset", "weighting", "target", "estimator", "precision", "reward", "online-init", "convention"]
+)
 def test_closed_choices_reject_bad_values_in_one_line(flag, capsys):
     from fpo_utils.runfolder import cli
 
@@ -333,14 +436,24 @@ def test_closed_choices_reject_bad_values_in_one_line(flag, capsys):
 
 def test_cli_bad_weighting_is_one_line(tmp_path):
     proc = run_script(["--weighting", "bogus"], cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "error: --weighting 'bogus' is not one of fixed, schedule, static-softmax, static-direct, online-ema, online-refit"]
+    allowed = "fixed, schedule, static-softmax, static-direct, online-ema, online-refit"
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: --weighting 'bogus' is not one of {allowed}"]
     assert not (tmp_path / "runs").exists()
 
 
 def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
-    flags = [*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "8", "--checkpoint-every", "1",
-             "--weighting", "online-ema"]
+    flags = [
+        *TINY_FLAGS,
+        "--model",
+        str(tiny_model),
+        "--num-updates",
+        "8",
+        "--checkpoint-every",
+        "1",
+        "--weighting",
+        "online-ema",
+    ]
     run_script([*flags, "--run-name", "straight"], cwd=tmp_path)
     straight = strip_times(read_jsonl(tmp_path / "runs/straight/metrics.jsonl"))
 
@@ -368,8 +481,14 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
 def signal_run_at(flags, name, cwd, sig, update, stderr):
     """Start cifar_fpo.py as run ``name`` and send it ``sig`` once its log shows ``update`` finished updates."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", name],
-                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cifar_fpo.py"), *flags, "--run-name", name],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
     log, deadline = cwd / f"runs/{name}/metrics.jsonl", time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if log.exists() and any(r.get("kind") == "update" and r["update"] >= update for r in read_jsonl_safe(log)):
@@ -391,9 +510,27 @@ def read_jsonl_safe(path):
 
 def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_path):
     # a huge learning rate drives the tiny model to non-finite losses within a few updates
-    proc = run_script([*TINY_FLAGS, "--model", str(tiny_model), "--num-updates", "30", "--run-name", "nan",
-                       "--learning-rate", "1e30", "--max-grad-norm", "1e30", "--clip-ratio", "0.99",
-                       "--checkpoint-every", "1"], cwd=tmp_path, check=False)
+    proc = run_script(
+        [
+            *TINY_FLAGS,
+            "--model",
+            str(tiny_model),
+            "--num-updates",
+            "30",
+            "--run-name",
+            "nan",
+            "--learning-rate",
+            "1e30",
+            "--max-grad-norm",
+            "1e30",
+            "--clip-ratio",
+            "0.99",
+            "--checkpoint-every",
+            "1",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 3, proc.stderr
     folder = tmp_path / "runs/nan"
     text = (folder / "metrics.jsonl").read_text()
@@ -413,13 +550,21 @@ def test_reused_old_losses_give_the_same_update(tiny_model, tmp_path):
     # theta_old = theta when the old losses are computed, so taking them from the current forward
     # (detached) must reproduce Algorithm 1 as written: same metrics, same parameters afterwards
     for flag in (False, True):
-        cifar_fpo.main(_tiny_args(tiny_model, tmp_path, num_updates=2, val_every=10, reuse_old_losses=flag,
-                                  run_name=f"reuse{flag}"))
-    ms = [[r for r in read_jsonl(tmp_path / f"reuse{flag}/metrics.jsonl") if r["kind"] == "update"] for flag in (False, True)]
+        cifar_fpo.main(
+            _tiny_args(
+                tiny_model, tmp_path, num_updates=2, val_every=10, reuse_old_losses=flag, run_name=f"reuse{flag}"
+            )
+        )
+    ms = [
+        [r for r in read_jsonl(tmp_path / f"reuse{flag}/metrics.jsonl") if r["kind"] == "update"]
+        for flag in (False, True)
+    ]
     for a, b in zip(*ms):
         for key in ("train_reward_mean", "loss", "ratio_mean", "ratio_max_dev", "velocity_loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
-    ckpts = [torch.load(tmp_path / f"reuse{flag}/checkpoints/last.pt", weights_only=False)["model"] for flag in (False, True)]
+    ckpts = [
+        torch.load(tmp_path / f"reuse{flag}/checkpoints/last.pt", weights_only=False)["model"] for flag in (False, True)
+    ]
     for k in ckpts[0]:
         torch.testing.assert_close(ckpts[1][k], ckpts[0][k], rtol=1e-5, atol=1e-7)
     # the default follows --compile

@@ -1,7 +1,6 @@
 """diagnostics.py: Gram statistics on synthetic gradients with known structure, the display, the local
 reward response, phase averaging, and tiny end-to-end runs of the gram and robot-gram commands."""
 
-import json
 import math
 import os
 import subprocess
@@ -17,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from test_cifar_fpo import TINY_UNET  # noqa: E402
+
 import cifar_fpo  # noqa: E402
 import diagnostics as D  # noqa: E402
-from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 
 def gram_of(vectors: np.ndarray) -> np.ndarray:
@@ -137,8 +137,12 @@ def test_streamed_gram_slices_equal_one_pass():
     params = [torch.zeros(7, 3), torch.zeros(5)]
     vecs = [[torch.randn(7, 3), torch.randn(5)] for _ in range(6)]
     vecs[2][1] = None  # an unused parameter counts as zero
-    direct = np.array([[sum(float((a * b).sum()) for a, b in zip(u, v) if a is not None and b is not None)
-                        for v in vecs] for u in vecs])
+    direct = np.array(
+        [
+            [sum(float((a * b).sum()) for a, b in zip(u, v) if a is not None and b is not None) for v in vecs]
+            for u in vecs
+        ]
+    )
     one, info1 = D.streamed_gram(lambda k: vecs[k], params, 6, 10**9, torch.device("cpu"))
     many, info2 = D.streamed_gram(lambda k: vecs[k], params, 6, 4 * 6 * 4, torch.device("cpu"))
     assert info1["passes"] == 1 and info2["passes"] == math.ceil(26 / 4)
@@ -185,7 +189,9 @@ def test_panel_places_clean_upper_left_and_noisy_lower_right(tmp_path):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["b3", "b2", "b1", "b0"]
     assert im.origin == "upper" and (im.norm.vmin, im.norm.vmax) == (-1.0, 1.0)
     # a saved atlas with an empty cell and its colour bar labelled in raw cosines
-    out = D.save_atlas(tmp_path / "a.png", [[(m, "x"), None]], D.cifar_labels(4), ["alpha=1"], ["k=0", "k=1"], title="t")
+    out = D.save_atlas(
+        tmp_path / "a.png", [[(m, "x"), None]], D.cifar_labels(4), ["alpha=1"], ["k=0", "k=1"], title="t"
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -250,10 +256,28 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("diag")
     torch.manual_seed(0)
     cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(TINY_UNET), root / "model", dtype=torch.float32)
-    args = replace(cifar_fpo.PRESETS["quick"], reward="red-patch", device="cpu", batch_size=4, group_size=2, mc_draws=2,
-                          sample_steps=2, val_every=1, val_banks=1, val_bank_size=4, calib_bank_size=4,
-                          fit_batch_size=4, learning_rate=1e-3, num_updates=1, verbose=False, save_samples=False,
-                          model=str(root / "model"), run_name="tiny", runs_dir=str(root / "runs"), alpha=-2.0)
+    args = replace(
+        cifar_fpo.PRESETS["quick"],
+        reward="red-patch",
+        device="cpu",
+        batch_size=4,
+        group_size=2,
+        mc_draws=2,
+        sample_steps=2,
+        val_every=1,
+        val_banks=1,
+        val_bank_size=4,
+        calib_bank_size=4,
+        fit_batch_size=4,
+        learning_rate=1e-3,
+        num_updates=1,
+        verbose=False,
+        save_samples=False,
+        model=str(root / "model"),
+        run_name="tiny",
+        runs_dir=str(root / "runs"),
+        alpha=-2.0,
+    )
     cifar_fpo.main(args)
     return root / "runs" / "tiny"
 
@@ -274,9 +298,29 @@ def test_paired_control_batches_share_batch_zero(tiny_run):
 
 
 def test_gram_command_end_to_end(tiny_run):
-    info = D.main(["gram", "--checkpoint", str(tiny_run), "--batches", "2", "--bins", "3", "--batch-size", "2",
-                   "--group-size", "2", "--draws-per-bin", "2", "--sample-steps", "1", "--device", "cpu",
-                   "--grad-memory-gb", "0.0005"])
+    info = D.main(
+        [
+            "gram",
+            "--checkpoint",
+            str(tiny_run),
+            "--batches",
+            "2",
+            "--bins",
+            "3",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--draws-per-bin",
+            "2",
+            "--sample-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--grad-memory-gb",
+            "0.0005",
+        ]
+    )
     out = tiny_run / "diagnostics" / "gram_k00001"
     for f in ("gram.npz", "gram.json", "cross.png", "within.png", "fluct.png", "paired.png"):
         assert (out / f).is_file(), f
@@ -294,8 +338,9 @@ def test_gram_command_end_to_end(tiny_run):
 
 def test_cli_lists_commands():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "diagnostics.py"), "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "diagnostics.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0
     for name in ("gram", "robot-gram", "robot-phases", "coherence", "response", "heatmap", "atlas"):
         assert name in proc.stdout
@@ -305,17 +350,35 @@ def test_robot_gram_and_phases_end_to_end(tmp_path):
     os.environ.setdefault("MUJOCO_GL", "disable")
     import robot_fpo as R
 
-    args = replace(R.Args(), env_id="InvertedPendulum-v5", num_envs=2, num_steps=16, num_minibatches=2,
-                   update_epochs=1, num_draws=2, flow_steps=2, actor_hidden=8, actor_layers=1, critic_hidden=8,
-                   critic_layers=1, eval_every=1, eval_episodes=1, num_updates=1, cuda=False, runs_dir=str(tmp_path),
-                   run_name="fpo", seed=3)
+    args = replace(
+        R.Args(),
+        env_id="InvertedPendulum-v5",
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        num_draws=2,
+        flow_steps=2,
+        actor_hidden=8,
+        actor_layers=1,
+        critic_hidden=8,
+        critic_layers=1,
+        eval_every=1,
+        eval_episodes=1,
+        num_updates=1,
+        cuda=False,
+        runs_dir=str(tmp_path),
+        run_name="fpo",
+        seed=3,
+    )
     R.main(args)
     info = D.run_robot_gram(D.RobotGram(checkpoint=str(tmp_path / "fpo"), batches=2, num_steps=8))
     # FPO's s = 1 bin (t = 0) has an identically zero loss: it is dropped, leaving sigma = .1 ... .9
     assert info["labels"] == [f"{s:.1f}" for s in np.arange(9, 0, -1) / 10]
     out = tmp_path / "fpo" / "diagnostics" / "robot_gram_u000001"
     assert (out / "cross.png").is_file()
-    res = D.run_robot_phases(D.RobotPhases(results=(str(out),), windows="0-5,6-10", unit="update",
-                                           out=str(tmp_path / "phases")))
+    res = D.run_robot_phases(
+        D.RobotPhases(results=(str(out),), windows="0-5,6-10", unit="update", out=str(tmp_path / "phases"))
+    )
     assert (tmp_path / "phases" / "atlas.png").is_file()
     assert res["phases"]["alpha=1"][0]["seeds"] == 1 and res["phases"]["alpha=1"][1]["seeds"] == 0

@@ -24,8 +24,13 @@ except ImportError:
 
 # (obs, act, hidden, layers, embed, draws M, observations n): M = 1 (one observation per row), M that
 # divides the block (the observation term once per observation), M = 3 (expanded to one per row).
-CASES = [(6, 1, 32, 4, 8, 8, 24), (24, 6, 32, 4, 8, 8, 16), (17, 3, 16, 2, 8, 16, 9), (5, 2, 32, 3, 4, 3, 10),
-         (5, 2, 64, 2, 8, 1, 70)]
+CASES = [
+    (6, 1, 32, 4, 8, 8, 24),
+    (24, 6, 32, 4, 8, 8, 16),
+    (17, 3, 16, 2, 8, 16, 9),
+    (5, 2, 32, 3, 4, 3, 10),
+    (5, 2, 64, 2, 8, 1, 70),
+]
 
 CHECK = r"""
 import sys, torch
@@ -37,7 +42,7 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.manual_seed(0)
 for o, d, h, layers, e, m, n in CASES:
     actor = R.FlowActor(o, d, h, layers, e, 0.25, 1.0).double().to(dev)
-    obs = torch.randn(n, 1, o, dtype=torch.float64, device=dev) if m > 1 else torch.randn(n, o, dtype=torch.float64, device=dev)
+    obs = torch.randn(*((n, 1, o) if m > 1 else (n, o)), dtype=torch.float64, device=dev)
     shape = (n, m) if m > 1 else (n,)
     x, t = torch.randn(*shape, d, dtype=torch.float64, device=dev), torch.rand(*shape, dtype=torch.float64, device=dev)
     g = torch.randn_like(x)
@@ -66,7 +71,9 @@ print("checked", len(CASES))
 def run_check(device: str, tol: float, interpret: bool) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1" if interpret else "0")
     code = f"CASES = {CASES!r}\n" + CHECK
-    out = subprocess.run([sys.executable, "-c", code, device, str(tol)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", code, device, str(tol)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -18,20 +18,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jsonl_records import read_jsonl, strip_times  # noqa: E402
+
 import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
 import robot_fpo  # noqa: E402
-
-from jsonl_records import read_jsonl, strip_times  # noqa: E402
-from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 RUNGS = (2, 4, 8)
 
 
 def run_cli(args, cwd, check=True):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "halving.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "halving.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"halving.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -66,17 +66,6 @@ def test_ranking_ties_favour_the_smaller_exponent_and_failures_go_last():
 # ------------------------------------------------------------------------------------------------
 # live CIFAR tournaments on a tiny model
 # ------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_train(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_unet")
-    torch.manual_seed(0)
-    cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(TINY_UNET), folder, dtype=torch.float32)
-    return cifar_fpo.Args(model=str(folder), preset="quick", reward="red-patch", device="cpu", batch_size=4,
-                          group_size=2, mc_draws=2, sample_steps=2, val_every=2, val_banks=1, val_bank_size=4,
-                          calib_bank_size=8, fit_batch_size=4, learning_rate=1e-3, verbose=False,
-                          save_samples=False, estimator="q+Z", early_stop=False)
-
-
 def tournament(train, out_dir, **kw):
     spec = halving.CifarTournament(rungs=RUNGS, out_dir=str(out_dir), name="t", ray=False, threads=1, train=train, **kw)
     return halving.run_tournament(spec)
@@ -97,8 +86,10 @@ def test_cifar_tournament_costs_two_full_runs(tour1):
     assert cost["full_run"] == 8
     assert cost["C"] == 2.0 and cost["exhaustive"] == 4.0 and cost["fraction"] == 0.5
     # every arm's own summary agrees with the accounting: two stop at 2, one at 4, the winner reaches 8
-    done = sorted(json.loads((Path(a["replicates"][0]["run"]) / "summary.json").read_text())["updates_done"]
-                  for a in res["arms"].values())
+    done = sorted(
+        json.loads((Path(a["replicates"][0]["run"]) / "summary.json").read_text())["updates_done"]
+        for a in res["arms"].values()
+    )
     assert done == [2, 2, 4, 8]
     assert res["config"]["train"]["estimator"] == "q+Z"
 
@@ -134,7 +125,9 @@ def test_survivor_continuation_equals_one_uninterrupted_run(tour1, tmp_path):
         cifar_fpo.main(straight)
     finally:
         torch.set_num_threads(threads)
-    assert strip_times(read_jsonl(arm / "metrics.jsonl")) == strip_times(read_jsonl(tmp_path / "straight/metrics.jsonl"))
+    assert strip_times(read_jsonl(arm / "metrics.jsonl")) == strip_times(
+        read_jsonl(tmp_path / "straight/metrics.jsonl")
+    )
     a = torch.load(arm / "checkpoints/last.pt", weights_only=False)
     b = torch.load(tmp_path / "straight/checkpoints/last.pt", weights_only=False)
     assert a["k"] == b["k"] == RUNGS[-1]
@@ -159,8 +152,15 @@ def test_rerun_continues_and_other_settings_are_refused(tour1, tiny_train):
 
 def test_exact_ties_in_a_live_tournament_keep_the_smaller_exponents(tiny_train, tmp_path):
     # learning rate 0: no arm moves, so every rung is an exact tie between all arms
-    spec = halving.CifarTournament(alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="tie",
-                                   ray=False, threads=1, train=replace(tiny_train, learning_rate=0.0))
+    spec = halving.CifarTournament(
+        alphas=(1.0, -1.0, 0.0),
+        rungs=(2, 4),
+        out_dir=str(tmp_path),
+        name="tie",
+        ray=False,
+        threads=1,
+        train=replace(tiny_train, learning_rate=0.0),
+    )
     res = halving.run_tournament(spec)
     first, last = res["rounds"]
     assert len(set(first["scores"].values())) == 1
@@ -174,35 +174,52 @@ def test_a_failing_arm_is_marked_failed_and_the_tournament_goes_on(tiny_train, t
     bad = tmp_path / "f/arms" / f"alpha+1__seed{halving.CIFAR_SEED}"
     (bad / "checkpoints").mkdir(parents=True)
     (bad / "checkpoints/last.pt").write_bytes(b"not a checkpoint")
-    spec = halving.CifarTournament(alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="f",
-                                   ray=False, threads=1, train=tiny_train)
+    spec = halving.CifarTournament(
+        alphas=(1.0, -1.0, 0.0), rungs=(2, 4), out_dir=str(tmp_path), name="f", ray=False, threads=1, train=tiny_train
+    )
     res = halving.run_tournament(spec)
     first, last = res["rounds"]
     assert math.isnan(first["scores"]["1"]) and first["ranking"][-1] == "1" and "1" in first["eliminated"]
     assert list(first["failed"]) == [bad.name] and first["failed"][bad.name]
     assert sorted(first["kept"]) == ["-1", "0"] and res["status"] == "finished" and res["winner"] in ("-1", "0")
-    assert res["failures"] == [{"alpha": "1", "seed": halving.CIFAR_SEED, "rung": 2, "reason": first["failed"][bad.name]}]
+    assert res["failures"] == [
+        {"alpha": "1", "seed": halving.CIFAR_SEED, "rung": 2, "reason": first["failed"][bad.name]}
+    ]
     assert res["arms"]["1"]["replicates"][0]["failed"] == first["failed"][bad.name]
     assert res["cost"]["trained"] == 2 * 2 + 2 * (4 - 2)  # the failed arm trained nothing
     assert json.loads((tmp_path / "f/tournament.json").read_text())["failures"] == res["failures"]
 
 
 def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
-    spec = halving.CifarGrid(alphas=(0.0, -1.0), seeds=(5, 6), rewards=("red-patch", "mixed-texture"),
-                             out_dir=str(tmp_path), name="g", ray=False, threads=1,
-                             train=replace(tiny_train, num_updates=4))
+    spec = halving.CifarGrid(
+        alphas=(0.0, -1.0),
+        seeds=(5, 6),
+        rewards=("red-patch", "mixed-texture"),
+        out_dir=str(tmp_path),
+        name="g",
+        ray=False,
+        threads=1,
+        train=replace(tiny_train, num_updates=4),
+    )
     res = halving.run_grid(spec)
     assert len(res["runs"]) == 8 and res["failures"] == [] and res["cost"]["C"] == 8.0
     for r in res["runs"]:
         args = json.loads((Path(r["run"]) / "args.json").read_text())
         assert (args["reward"], args["alpha"], args["seed"]) == (r["task"], float(r["alpha"]), r["seed"])
-        vals = {x["update"]: x["val_reward"] for x in read_jsonl(Path(r["run"]) / "metrics.jsonl")
-                if x.get("kind") == "validation"}
+        vals = {
+            x["update"]: x["val_reward"]
+            for x in read_jsonl(Path(r["run"]) / "metrics.jsonl")
+            if x.get("kind") == "validation"
+        }
         assert sorted(vals) == [0, 2, 4] and r["trained"] == 4 and r["status"] == "finished"
         best = max(vals.values())
         assert r["peak"] == best and r["peak_update"] == min(k for k, v in vals.items() if v == best)  # eq:peak
     assert [(row["task"], row["alpha"]) for row in res["table"]] == [
-        ("red-patch", "0"), ("red-patch", "-1"), ("mixed-texture", "0"), ("mixed-texture", "-1")]
+        ("red-patch", "0"),
+        ("red-patch", "-1"),
+        ("mixed-texture", "0"),
+        ("mixed-texture", "-1"),
+    ]
     for row in res["table"]:
         peaks = [r["peak"] for r in res["runs"] if (r["task"], r["alpha"]) == (row["task"], row["alpha"])]
         assert row["peaks"] == {"5": peaks[0], "6": peaks[1]} and row["n"] == 2
@@ -210,8 +227,10 @@ def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
     md = (tmp_path / "g/grid.md").read_text().splitlines()
     assert md[0] == "| Task | alpha | n | Peak mean ± SD | seed 5 | seed 6 | Notes |"
     row = res["table"][1]
-    assert md[3] == (f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['peaks']['5']:.6f} | "
-                     f"{row['peaks']['6']:.6f} |  |")
+    assert md[3] == (
+        f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['peaks']['5']:.6f} | "
+        f"{row['peaks']['6']:.6f} |  |"
+    )
 
 
 def test_without_ray_arms_run_in_this_process(monkeypatch):
@@ -239,19 +258,44 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
     with pytest.raises(ValueError, match="distinct"):
         halving.run_tournament(halving.CifarTournament(alphas=(0.0, 0.0), out_dir=str(tmp_path), train=tiny_train))
     with pytest.raises(ValueError, match="--cpus-per-arm 0"):
-        halving.run_tournament(halving.CifarTournament(rungs=(2,), cpus_per_arm=0, out_dir=str(tmp_path), train=tiny_train))
+        halving.run_tournament(
+            halving.CifarTournament(rungs=(2,), cpus_per_arm=0, out_dir=str(tmp_path), train=tiny_train)
+        )
     with pytest.raises(ValueError, match="--gpus-per-arm -1"):
         halving.run_grid(halving.CifarGrid(gpus_per_arm=-1, out_dir=str(tmp_path), train=tiny_train))
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_robot_tournament(tmp_path):
-    train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
-                    update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
-                    critic_layers=1, eval_every=2, eval_episodes=2, cuda=False, torch_threads=1)
+    train = replace(
+        robot_fpo.Args(),
+        env_id="InvertedPendulum-v5",
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        num_draws=4,
+        flow_steps=4,
+        actor_hidden=16,
+        actor_layers=2,
+        critic_hidden=16,
+        critic_layers=1,
+        eval_every=2,
+        eval_episodes=2,
+        cuda=False,
+        torch_threads=1,
+    )
     # rungs in environment steps: 2 and 4 updates of 4 x 32 steps
-    spec = halving.RobotTournament(alphas=(1.0, 0.5), seeds=(3,), rungs=(256, 512), unit="steps",
-                                   out_dir=str(tmp_path), name="r", ray=False, train=train)
+    spec = halving.RobotTournament(
+        alphas=(1.0, 0.5),
+        seeds=(3,),
+        rungs=(256, 512),
+        unit="steps",
+        out_dir=str(tmp_path),
+        name="r",
+        ray=False,
+        train=train,
+    )
     res = halving.run_tournament(spec)
     assert res["cost"]["trained"] == 2 * 256 + 256 and res["cost"]["C"] == 1.5
     rnd = res["rounds"][0]
@@ -320,8 +364,11 @@ def test_replay_three_candidates_two_rounds_by_hand():
     r2 = halving.replay(c, steps, 2, 0.25)
     # per ordering of (x, y, z), the first two listed are kept; y wins whenever kept (4 orderings of 6),
     # otherwise {x, z} -> z. So each mixed draw gives y 2/3, z 1/3; draws (0,0) -> y, (1,1) -> z.
-    assert r2["probabilities_exact"] == {"x": "0", "y": str(Fraction(1 + 2 * Fraction(2, 3), 4)),
-                                         "z": str(Fraction(1 + 2 * Fraction(1, 3), 4))}
+    assert r2["probabilities_exact"] == {
+        "x": "0",
+        "y": str(Fraction(1 + 2 * Fraction(2, 3), 4)),
+        "z": str(Fraction(1 + 2 * Fraction(1, 3), 4)),
+    }
 
 
 def test_replay_ties_are_averaged_over_whole_orderings():
@@ -357,8 +404,10 @@ def test_replay_cost_matches_the_papers_fpo_entries():
     # tab:halving-budgets / tab:halving-choice, n = 3, 244 blocks. With an evaluation every 3 blocks the
     # cost definition gives every Acrobot (K = 4) and Walker (K = 5) entry.
     steps = list(range(0, 244, 3)) + [244]
-    expect = {4: {0.1: 4.1803, 0.2: 5.3607, 0.4: 7.7582, None: 12.0},
-              5: {0.1: 5.3607, 0.2: 7.7582, 0.4: 10.7582, None: 15.0}}
+    expect = {
+        4: {0.1: 4.1803, 0.2: 5.3607, 0.4: 7.7582, None: 12.0},
+        5: {0.1: 5.3607, 0.2: 7.7582, 0.4: 10.7582, None: 15.0},
+    }
     for k, table in expect.items():
         curves = {str(i): np.random.default_rng(i).random((1, len(steps))) for i in range(k)}
         for cut, c in table.items():
@@ -389,8 +438,9 @@ def test_replay_bad_input():
 # ------------------------------------------------------------------------------------------------
 def write_cifar_run(folder, alpha, seed, values):
     folder.mkdir(parents=True)
-    (folder / "args.json").write_text(json.dumps({"reward": "auto-a35", "weighting": "fixed", "alpha": alpha,
-                                                  "target": None, "seed": seed}))
+    (folder / "args.json").write_text(
+        json.dumps({"reward": "auto-a35", "weighting": "fixed", "alpha": alpha, "target": None, "seed": seed})
+    )
     recs = [{"kind": "calibration", "update": -1, "c_x0": 0.1}]
     for k, v in zip((0, 20, 40), values):
         recs.append({"kind": "validation", "update": k, "val_reward": v})
@@ -400,21 +450,23 @@ def write_cifar_run(folder, alpha, seed, values):
 
 def test_run_folders_convert_to_curves_and_replay_prints_the_tables(tmp_path):
     runs = tmp_path / "runs"
-    write_cifar_run(runs / "m1_s1", -1.0, 1, [0, .5, .6])
-    write_cifar_run(runs / "m1_s2", -1.0, 2, [0, .25, .9])
-    write_cifar_run(runs / "m1_s3", -1.0, 3, [0, .2, .4])
-    write_cifar_run(runs / "p1_s1", 1.0, 1, [0, .4, .8])
-    write_cifar_run(runs / "p1_s2a", 1.0, 2, [0, .1, .7])  # two runs of one seed: averaged pointwise
-    write_cifar_run(runs / "p1_s2b", 1.0, 2, [0, .5, .5])
-    write_cifar_run(runs / "p1_s3", 1.0, 3, [0, .1, .3])
+    write_cifar_run(runs / "m1_s1", -1.0, 1, [0, 0.5, 0.6])
+    write_cifar_run(runs / "m1_s2", -1.0, 2, [0, 0.25, 0.9])
+    write_cifar_run(runs / "m1_s3", -1.0, 3, [0, 0.2, 0.4])
+    write_cifar_run(runs / "p1_s1", 1.0, 1, [0, 0.4, 0.8])
+    write_cifar_run(runs / "p1_s2a", 1.0, 2, [0, 0.1, 0.7])  # two runs of one seed: averaged pointwise
+    write_cifar_run(runs / "p1_s2b", 1.0, 2, [0, 0.5, 0.5])
+    write_cifar_run(runs / "p1_s3", 1.0, 3, [0, 0.1, 0.3])
     run_cli(["curves", "runs", "--out", "c.json"], cwd=tmp_path)
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["steps"] == [0, 20, 40] and data["seeds"] == [1, 2, 3] and data["native"] == "1"
     np.testing.assert_allclose(data["curves"]["1"][1], [0, 0.3, 0.6])
     # first cut 50% of 40 -> step 20. Early peaks -1: (.5, .25, .2), 1: (.4, .3, .1) -> pi(1) = 1/3.
     # Pbar(-1) = (.6+.9+.4)/3, Pbar(1) = (.8+.6+.3)/3; selected = 2/3 Pbar(-1) + 1/3 Pbar(1).
-    out = run_cli(["replay", "c.json", "--n-draw", "1", "--first-cuts", "50", "--highlight", "50",
-                   "--out", "r.json"], cwd=tmp_path).stdout
+    out = run_cli(
+        ["replay", "c.json", "--n-draw", "1", "--first-cuts", "50", "--highlight", "50", "--out", "r.json"],
+        cwd=tmp_path,
+    ).stdout
     pm, pp = (0.6 + 0.9 + 0.4) / 3, (0.8 + 0.6 + 0.3) / 3
     sel = 2 / 3 * pm + 1 / 3 * pp
     assert "-1: 2/3; 1: 1/3" in out
@@ -427,10 +479,24 @@ def test_run_folders_convert_to_curves_and_replay_prints_the_tables(tmp_path):
 def test_robot_run_folder_reads_its_exponent_and_steps(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "args.json").write_text(json.dumps({"env_id": "Acrobot", "objective": "fpo", "alpha_eps": 0.5,
-                                                  "alpha": 1.0, "seed": 901, "alpha_early": None, "alpha_late": None}))
-    rows = [{"update": 0, "global_step": 0, "eval_return": 1.0}, {"update": 1, "global_step": 512},
-            {"update": 2, "global_step": 1024, "eval_return": 3.0}]
+    (folder / "args.json").write_text(
+        json.dumps(
+            {
+                "env_id": "Acrobot",
+                "objective": "fpo",
+                "alpha_eps": 0.5,
+                "alpha": 1.0,
+                "seed": 901,
+                "alpha_early": None,
+                "alpha_late": None,
+            }
+        )
+    )
+    rows = [
+        {"update": 0, "global_step": 0, "eval_return": 1.0},
+        {"update": 1, "global_step": 512},
+        {"update": 2, "global_step": 1024, "eval_return": 3.0},
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = halving.read_run(folder, unit="steps")
     assert run["label"] == "0.5" and run["seed"] == 901 and run["curve"] == {0.0: 1.0, 1024.0: 3.0}

@@ -16,19 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 
-import cifar_fpo  # noqa: E402
+from jsonl_records import read_jsonl  # noqa: E402
+
 import halving  # noqa: E402
 import robot_fpo  # noqa: E402
-
-from jsonl_records import read_jsonl  # noqa: E402
-from test_halving import tiny_train  # noqa: E402,F401  (the tiny U-Net arms of the in-process tests)
 
 RUNGS = (2, 4, 8)
 # robot arms need robot_fpo.py on the shared run folder (runs_dir, checkpoints/last.pt, env_threads)
@@ -60,8 +57,10 @@ def assert_same_result(res, ref):
 
 def pid_lines(folder):
     """{segment: [(host, pid, node)]} from the pid files the segments wrote."""
-    return {p.name: [tuple(line.split()) for line in p.read_text().splitlines()]
-            for p in sorted((folder / "workers").iterdir())}
+    return {
+        p.name: [tuple(line.split()) for line in p.read_text().splitlines()]
+        for p in sorted((folder / "workers").iterdir())
+    }
 
 
 class Killer(threading.Thread):
@@ -102,8 +101,9 @@ def test_tournament_on_a_local_ray_equals_the_in_process_run(local_ray, referenc
     assert all(len(v) == 1 and int(v[0][1]) != os.getpid() for v in segments.values())
 
 
-def test_a_killed_worker_is_retried_from_the_checkpoint_and_the_result_is_unchanged(local_ray, reference,
-                                                                                    tiny_train, tmp_path):
+def test_a_killed_worker_is_retried_from_the_checkpoint_and_the_result_is_unchanged(
+    local_ray, reference, tiny_train, tmp_path
+):
     killer = Killer(tmp_path / "t", suffix=f"__to{RUNGS[-1]}")  # the winner's segment from rung 4 to 8
     killer.start()
     try:
@@ -123,8 +123,9 @@ def test_a_killed_worker_is_retried_from_the_checkpoint_and_the_result_is_unchan
 
 
 def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train, tmp_path):
-    spec = halving.CifarTournament(alphas=(1.0, -1.0), rungs=(2, 4), out_dir=str(tmp_path), name="d", threads=1,
-                                   max_retries=1, train=tiny_train)
+    spec = halving.CifarTournament(
+        alphas=(1.0, -1.0), rungs=(2, 4), out_dir=str(tmp_path), name="d", threads=1, max_retries=1, train=tiny_train
+    )
     killer = Killer(tmp_path / "d", suffix="alpha+1__seed20260727__to2", times=2)  # both attempts
     killer.start()
     try:
@@ -141,19 +142,42 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
 
 
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
-    train = replace(robot_fpo.Args(), env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2,
-                    update_epochs=2, num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16,
-                    critic_layers=1, eval_every=8, eval_episodes=2, total_timesteps=2048, cuda=False, torch_threads=1,
-                    env_threads=1)
+    train = replace(
+        robot_fpo.Args(),
+        env_id="InvertedPendulum-v5",
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        num_draws=4,
+        flow_steps=4,
+        actor_hidden=16,
+        actor_layers=2,
+        critic_hidden=16,
+        critic_layers=1,
+        eval_every=8,
+        eval_episodes=2,
+        total_timesteps=2048,
+        cuda=False,
+        torch_threads=1,
+        env_threads=1,
+    )
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
     res = halving.run_grid(spec)
     assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1
-    assert res["failures"] == [] and len(res["runs"]) == 4 and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
+    assert (
+        res["failures"] == []
+        and len(res["runs"]) == 4
+        and res["cost"] == {"trained": 4 * 16, "full_run": 16, "C": 4.0, "runs": 4}
+    )
     for r in res["runs"]:
         args = json.loads((Path(r["run"]) / "args.json").read_text())
         assert (args["alpha_eps"], args["seed"]) == (float(r["alpha"]), r["seed"]) and r["trained"] == 16
-        evals = [row["eval_return"] for row in read_jsonl(Path(r["run"]) / "metrics.jsonl")
-                 if row.get("eval_return") is not None]
+        evals = [
+            row["eval_return"]
+            for row in read_jsonl(Path(r["run"]) / "metrics.jsonl")
+            if row.get("eval_return") is not None
+        ]
         assert len(evals) == 3 and r["peak"] == max(evals)  # eq:peak over the evaluations at 0, 8, 16
     for row in res["table"]:
         peaks = [r["peak"] for r in res["runs"] if r["alpha"] == row["alpha"]]
@@ -168,15 +192,59 @@ def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
 
 def test_the_command_line_joins_a_running_ray_through_ray_address(local_ray, tiny_train, tmp_path):
     t = tiny_train
-    flags = ["--train.model", t.model, "--train.reward", t.reward, "--train.device", "cpu", "--train.batch-size", "4",
-             "--train.group-size", "2", "--train.mc-draws", "2", "--train.sample-steps", "2", "--train.val-every", "2",
-             "--train.val-banks", "1", "--train.val-bank-size", "4", "--train.calib-bank-size", "8",
-             "--train.fit-batch-size", "4", "--train.num-updates", "2", "--train.no-verbose", "--train.no-save-samples"]
+    flags = [
+        "--train.model",
+        t.model,
+        "--train.reward",
+        t.reward,
+        "--train.device",
+        "cpu",
+        "--train.batch-size",
+        "4",
+        "--train.group-size",
+        "2",
+        "--train.mc-draws",
+        "2",
+        "--train.sample-steps",
+        "2",
+        "--train.val-every",
+        "2",
+        "--train.val-banks",
+        "1",
+        "--train.val-bank-size",
+        "4",
+        "--train.calib-bank-size",
+        "8",
+        "--train.fit-batch-size",
+        "4",
+        "--train.num-updates",
+        "2",
+        "--train.no-verbose",
+        "--train.no-save-samples",
+    ]
     address = ray.get_runtime_context().gcs_address
-    cmd = [sys.executable, str(ROOT / "halving.py"), "cifar-grid", "--alphas", "0", "1", "--seeds", "1", "--threads", "1",
-           "--out-dir", str(tmp_path), "--name", "g", "--ray-address", address, *flags]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        str(ROOT / "halving.py"),
+        "cifar-grid",
+        "--alphas",
+        "0",
+        "1",
+        "--seeds",
+        "1",
+        "--threads",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--name",
+        "g",
+        "--ray-address",
+        address,
+        *flags,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1")
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "g/grid.json").read_text())
     assert res["run_info"]["executor"] == "ray" and [r["status"] for r in res["runs"]] == ["finished", "finished"]

@@ -38,7 +38,9 @@ def test_num_envs_below_one_is_refused():
         PlaygroundVecEnv("CartpoleSwingup", 0, 0, torch.device("cpu"))
 
 
-pg = pytest.importorskip("mujoco_playground", reason="the playground extra is not installed (pip install -e '.[playground]')")
+pg = pytest.importorskip(
+    "mujoco_playground", reason="the playground extra is not installed (pip install -e '.[playground]')"
+)
 
 
 def test_unknown_task_lists_close_matches():
@@ -56,8 +58,12 @@ def test_state_packer_round_trips_mixed_dtypes():
 
     from fpo_utils.playground_env import _state_packer
 
-    state = {"q": jnp.arange(6.0).reshape(2, 3), "key": jnp.array([[1, 2**32 - 1]], jnp.uint32),
-             "n": (jnp.array([3, -4], jnp.int32), jnp.array([True, False])), "r": jnp.float32(0.5)}
+    state = {
+        "q": jnp.arange(6.0).reshape(2, 3),
+        "key": jnp.array([[1, 2**32 - 1]], jnp.uint32),
+        "n": (jnp.array([3, -4], jnp.int32), jnp.array([True, False])),
+        "r": jnp.float32(0.5),
+    }
     pack, unpack = _state_packer(jax, jnp, state)
     flat = pack(state)
     assert len(flat) == 4  # one array per dtype: bool, float32, int32, uint32
@@ -121,7 +127,10 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
 
     acts = actions(7, env.act_dim, seed=1)
     env.reset(3)
-    via_dlpack = [torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, i["final_obs"])]).clone() for o, r, te, tr, i in map(env.step, acts)]
+    via_dlpack = [
+        torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, i["final_obs"])]).clone()
+        for o, r, te, tr, i in map(env.step, acts)
+    ]
     env.reset(3)
     state = env._state
     for a, got in zip(acts, via_dlpack):
@@ -162,11 +171,51 @@ def test_same_shape_shares_compiled_step_but_not_state(env):
 def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--backend", "playground", "--env-id", "CartpoleSwingup",
-           "--objective", objective, "--alpha-eps", "0.5", "--alpha", "0.5", "--runs-dir", str(tmp_path), "--run-name", "pg",
-           "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-           "--update-epochs", "2", "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
-           "--eval-every", "2", "--eval-episodes", "4", "--episode-length", "20", "--total-timesteps", "128"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "robot_fpo.py"),
+        "--backend",
+        "playground",
+        "--env-id",
+        "CartpoleSwingup",
+        "--objective",
+        objective,
+        "--alpha-eps",
+        "0.5",
+        "--alpha",
+        "0.5",
+        "--runs-dir",
+        str(tmp_path),
+        "--run-name",
+        "pg",
+        "--no-cuda",
+        "--torch-threads",
+        "1",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--num-draws",
+        "4",
+        "--flow-steps",
+        "4",
+        "--actor-hidden",
+        "16",
+        "--critic-hidden",
+        "16",
+        "--eval-every",
+        "2",
+        "--eval-episodes",
+        "4",
+        "--episode-length",
+        "20",
+        "--total-timesteps",
+        "128",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "pg"
@@ -192,15 +241,34 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeyp
     import jax
 
     if device == "cuda" and not (torch.cuda.is_available() and jax.default_backend() == "gpu"):
-        pytest.skip("needs a CUDA GPU for torch and JAX (the GPU path: DLPack hand-over, Triton sampler on the per-step side)")
+        pytest.skip(
+            "needs a CUDA GPU for torch and JAX (the GPU path: DLPack hand-over, Triton sampler on the per-step side)"
+        )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sys.path.insert(0, ROOT)
     import robot_fpo as R
 
-    args = replace(R.Args(), backend="playground", env_id="CartpoleSwingup", objective=objective, num_envs=4, num_steps=12,
-                   num_minibatches=2, num_draws=4, flow_steps=4, actor_hidden=16, critic_hidden=16, episode_length=5,
-                   cuda=device == "cuda", obs_stats="update", norm_reward=False, reward_scale=10.0, action_bound=1.5, seed=2,
-                   fused=device == "cuda")
+    args = replace(
+        R.Args(),
+        backend="playground",
+        env_id="CartpoleSwingup",
+        objective=objective,
+        num_envs=4,
+        num_steps=12,
+        num_minibatches=2,
+        num_draws=4,
+        flow_steps=4,
+        actor_hidden=16,
+        critic_hidden=16,
+        episode_length=5,
+        cuda=device == "cuda",
+        obs_stats="update",
+        norm_reward=False,
+        reward_scale=10.0,
+        action_bound=1.5,
+        seed=2,
+        fused=device == "cuda",
+    )
     runs = []
     for scan in (False, True):
         a = replace(args, scan_rollout=scan)
@@ -214,8 +282,12 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeyp
         for _ in range(2):
             with jax.default_matmul_precision("highest"):
                 batch = R.collect_rollout(state, a)
-            runs[-1].append({**{k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()},
-                             "std": state.obs_rms.var.sqrt().float()})  # the statistics the batch is normalised with
+            runs[-1].append(
+                {
+                    **{k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()},
+                    "std": state.obs_rms.var.sqrt().float(),
+                }
+            )  # the statistics the batch is normalised with
         state.envs.close()
     for per_step, scanned in zip(*runs):
         assert per_step["episodes"] == scanned["episodes"] > 0
@@ -224,7 +296,9 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeyp
         torch.testing.assert_close(scanned["x"], per_step["x"], rtol=1e-5, atol=1e-6)
         # observations in their own units: the scan normalises in float32, the per-step path in float64, and a
         # near-constant coordinate (std ~3e-5 here) turns float32 rounding into 1e-3 of a normalised unit
-        torch.testing.assert_close(scanned["obs"] * scanned["std"], per_step["obs"] * per_step["std"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            scanned["obs"] * scanned["std"], per_step["obs"] * per_step["std"], rtol=1e-5, atol=1e-6
+        )
         for key in ("l_old", "adv", "returns"):
             torch.testing.assert_close(scanned[key], per_step[key], rtol=1e-3, atol=1e-4)
     # statistics that move inside a rollout keep the per-step path

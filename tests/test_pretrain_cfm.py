@@ -13,9 +13,30 @@ import torch
 from fpo_utils import unet as cf
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--block-out-channels", "8", "16", "--norm-num-groups", "4", "--batch-size", "16", "--lr", "3e-3",
-        "--warmup-steps", "1", "--log-every", "10", "--num-samples", "4", "--sample-steps", "2",
-        "--eval-images", "32", "--device", "cpu", "--no-compile"]
+TINY = [
+    "--block-out-channels",
+    "8",
+    "16",
+    "--norm-num-groups",
+    "4",
+    "--batch-size",
+    "16",
+    "--lr",
+    "3e-3",
+    "--warmup-steps",
+    "1",
+    "--log-every",
+    "10",
+    "--num-samples",
+    "4",
+    "--sample-steps",
+    "2",
+    "--eval-images",
+    "32",
+    "--device",
+    "cpu",
+    "--no-compile",
+]
 
 
 def fake_cifar(folder: Path, per_batch: int = 8) -> np.ndarray:
@@ -35,8 +56,13 @@ def fake_cifar(folder: Path, per_batch: int = 8) -> np.ndarray:
 
 def run(args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_cfm.py"), *args],
-                         capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pretrain_cfm.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -43,7 +43,7 @@ def np_blur(img: np.ndarray, sigma: float = 1.0) -> np.ndarray:
     out = np.zeros_like(img)
     for i in range(h):
         for j in range(w):
-            out[:, i, j] = np.einsum("cab,a,b->c", p[:, i:i + 2 * r + 1, j:j + 2 * r + 1], k, k)
+            out[:, i, j] = np.einsum("cab,a,b->c", p[:, i : i + 2 * r + 1, j : j + 2 * r + 1], k, k)
     return out
 
 
@@ -90,7 +90,7 @@ def test_soft_red_map_hand_values():
 
 def red_square(top, left, size=(8, 12)):
     img = grey_canvas()
-    img[0, :, top:top + size[0], left:left + size[1]] = np.array([0.9, 0.05, 0.05])[:, None, None]
+    img[0, :, top : top + size[0], left : left + size[1]] = np.array([0.9, 0.05, 0.05])[:, None, None]
     return img
 
 
@@ -134,7 +134,7 @@ def test_mixed_attribute_prefers_red_texture_in_patch():
     textured[0, 0, 20:28, 10:22] = 0.6 + 0.4 * checker
     textured[0, 1:, 20:28, 10:22] = 0.05
     got = R.mixed_texture_attribute(image01(np.concatenate([flat, textured]))).numpy()
-    assert got[1] > 0.6 and got[0] == pytest.approx(sigmoid(12 * (1e-6 * sigmoid(.7 / .08) - 0.03)), rel=1e-4)
+    assert got[1] > 0.6 and got[0] == pytest.approx(sigmoid(12 * (1e-6 * sigmoid(0.7 / 0.08) - 0.03)), rel=1e-4)
     # flat red image: e = 0, d = sqrt(1e-12) = 1e-6 -> sigmoid(12 (1e-6 r - .03))
     img = np.broadcast_to(np.array([0.9, 0.05, 0.05])[None, :, None, None], (1, 3, 32, 32))
     r = sigmoid((0.9 - 0.05 - 0.1) / 0.08)
@@ -150,7 +150,7 @@ def test_mixed_attribute_matches_numpy_reference():
     g2 = np.zeros_like(e)
     g1[:, :-1] = e[:, 1:] - e[:, :-1]
     g2[:, :, :-1] = e[:, :, 1:] - e[:, :, :-1]
-    d = np.sqrt(g1 ** 2 + g2 ** 2 + 1e-12).mean(0)
+    d = np.sqrt(g1**2 + g2**2 + 1e-12).mean(0)
     want = sigmoid(12 * ((d * np_red(img[0]))[20:28, 10:22].mean() - 0.03))
     assert R.mixed_texture_attribute(torch.as_tensor(img * 2 - 1)).item() == pytest.approx(want, rel=1e-8)
 
@@ -165,13 +165,17 @@ def test_edge_features_of_a_ramp_hand_computed():
     # Sobel x on a linear ramp: 8 s inside, 0 at the reflect-padded first/last column
     sob = np.full(32, 8 * s)
     sob[[0, 31]] = 0.0
-    sob = np.sqrt(sob ** 2 + 1e-12)
+    sob = np.sqrt(sob**2 + 1e-12)
     # Laplacian: 0 inside, |2 s| at the reflect-padded first/last column
     lap = np.zeros(32)
     lap[[0, 31]] = 2 * s
     np.testing.assert_allclose(f[:4], [sob.mean(), sob.std(), lap.mean(), lap.std()], atol=1e-6)
-    assert R.EDGE_FEATURE_NAMES[:4] == ("sobel_mean_blur0", "sobel_sd_blur0", "laplacian_mean_blur0",
-                                        "laplacian_sd_blur0")
+    assert R.EDGE_FEATURE_NAMES[:4] == (
+        "sobel_mean_blur0",
+        "sobel_sd_blur0",
+        "laplacian_mean_blur0",
+        "laplacian_sd_blur0",
+    )
 
 
 def test_edge_width_rule():
@@ -197,7 +201,7 @@ def test_edge_score_is_one_at_calibrated_means_and_hand_value_off_them():
 
 def ink_image(rows, cols):
     img = np.ones((1, 3, 32, 32))  # white paper, zero ink
-    img[0, :, rows[0]:rows[1], cols[0]:cols[1]] = 0.0  # black ink
+    img[0, :, rows[0] : rows[1], cols[0] : cols[1]] = 0.0  # black ink
     return image01(img)
 
 
@@ -211,19 +215,23 @@ def hand_T(rows, cols):
     cx = np.mean([coord(j) for j in range(*cols)])
     cy = np.mean([coord(i) for i in range(*rows)])
     ink = np.zeros((32, 32))
-    ink[rows[0]:rows[1], cols[0]:cols[1]] = 1.0
+    ink[rows[0] : rows[1], cols[0] : cols[1]] = 1.0
     border = np.ones((32, 32), bool)
     border[3:29, 3:29] = False
     b = ink[border].mean() / (m + 1e-6)
     std = math.sqrt(m * (1 - m))  # (1 - I) is a 0/1 image with a fraction m of zeros
-    factors = {"occupancy": math.exp(-((m - 0.18) / 0.12) ** 2),
-               "centroid": math.exp(-(cx ** 2 + cy ** 2) / 0.55 ** 2),
-               "border": math.exp(-b / 0.10), "contrast": min(std / 0.5, 1.0)}
+    factors = {
+        "occupancy": math.exp(-(((m - 0.18) / 0.12) ** 2)),
+        "centroid": math.exp(-(cx**2 + cy**2) / 0.55**2),
+        "border": math.exp(-b / 0.10),
+        "contrast": min(std / 0.5, 1.0),
+    }
     return factors, {"m": m, "cx": cx, "cy": cy, "b": b, "std": std}
 
 
-@pytest.mark.parametrize("rows,cols", [((12, 20), (12, 20)), ((4, 12), (20, 28)), ((0, 8), (0, 8)),
-                                       ((8, 24), (10, 22))])
+@pytest.mark.parametrize(
+    "rows,cols", [((12, 20), (12, 20)), ((4, 12), (20, 28)), ((0, 8), (0, 8)), ((8, 24), (10, 22))]
+)
 def test_digit7_structure_factors_match_hand_computation(rows, cols):
     got = R.digit7_structure_factors(ink_image(rows, cols))
     factors, stats = hand_T(rows, cols)
@@ -266,9 +274,11 @@ def test_simclr_score_matches_numpy_hand_computation():
 def tiny_clip(tmp_path_factory):
     open_clip = pytest.importorskip("open_clip")
     d = tmp_path_factory.mktemp("tinyclip")
-    cfg = {"embed_dim": 16,
-           "vision_cfg": {"image_size": 48, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
-           "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+    cfg = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 48, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
+        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
     (d / "tiny-test-clip.json").write_text(json.dumps(cfg))
     open_clip.add_model_config(str(d))
     torch.manual_seed(0)

@@ -27,9 +27,24 @@ TIME_KEYS = {"sps", "rollout_s", "update_s"}
 
 def tiny_args(tmp_path, **kw) -> R.Args:
     base = dict(
-        env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
-        num_draws=4, flow_steps=4, actor_hidden=16, actor_layers=2, critic_hidden=16, critic_layers=1,
-        eval_every=2, eval_episodes=2, cuda=False, torch_threads=1, runs_dir=str(tmp_path), run_name="run", seed=3,
+        env_id="InvertedPendulum-v5",
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        num_draws=4,
+        flow_steps=4,
+        actor_hidden=16,
+        actor_layers=2,
+        critic_hidden=16,
+        critic_layers=1,
+        eval_every=2,
+        eval_episodes=2,
+        cuda=False,
+        torch_threads=1,
+        runs_dir=str(tmp_path),
+        run_name="run",
+        seed=3,
     )
     base.update(kw)
     return replace(R.Args(), **base)
@@ -230,7 +245,12 @@ def test_schedule_over_blocks_and_bad_args(tmp_path):
     assert R.current_alpha(a, 250) == pytest.approx(0.75)  # block 2, halfway through (1, 3)
     assert R.current_alpha(a, 10_000) == pytest.approx(0.5)
     assert R.current_alpha(tiny_args(tmp_path, objective="fpopp", alpha=0.3), 10_000) == 0.3
-    for bad in (dict(num_envs=0), dict(t_min=0.5, t_max=0.4), dict(anneal_steps=-1), dict(env_id="InvertedPendulum-v9")):
+    for bad in (
+        dict(num_envs=0),
+        dict(t_min=0.5, t_max=0.4),
+        dict(anneal_steps=-1),
+        dict(env_id="InvertedPendulum-v9"),
+    ):
         with pytest.raises(RunError):
             R.validate_args(tiny_args(tmp_path, **bad))
     with pytest.raises(RunError, match="continuous Box"):
@@ -242,10 +262,40 @@ def test_schedule_over_blocks_and_bad_args(tmp_path):
 
 def run_script(tmp_path, *flags):
     env = dict(os.environ, MUJOCO_GL="disable", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path), "--run-name", "e2e",
-           "--no-cuda", "--torch-threads", "1", "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2",
-           "--num-draws", "4", "--flow-steps", "4", "--actor-hidden", "16", "--critic-hidden", "16",
-           "--eval-every", "4", "--eval-episodes", "2", "--total-timesteps", "2048", *flags]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "robot_fpo.py"),
+        "--runs-dir",
+        str(tmp_path),
+        "--run-name",
+        "e2e",
+        "--no-cuda",
+        "--torch-threads",
+        "1",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--num-draws",
+        "4",
+        "--flow-steps",
+        "4",
+        "--actor-hidden",
+        "16",
+        "--critic-hidden",
+        "16",
+        "--eval-every",
+        "4",
+        "--eval-episodes",
+        "2",
+        "--total-timesteps",
+        "2048",
+        *flags,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "e2e"
@@ -257,8 +307,9 @@ def run_script(tmp_path, *flags):
 
 
 def test_end_to_end_mujoco_fpo(tmp_path):
-    rows, summary = run_script(tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5",
-                               "--keep-checkpoints")
+    rows, summary = run_script(
+        tmp_path, "--env-id", "InvertedPendulum-v5", "--objective", "fpo", "--alpha-eps", "0.5", "--keep-checkpoints"
+    )
     assert summary["status"] == "finished" and summary["global_step"] == 2048 and summary["updates_done"] == 8
     kept = sorted(p.name for p in (tmp_path / "e2e" / "checkpoints").glob("update_*.pt"))
     assert kept == ["update_000004.pt", "update_000008.pt"]
@@ -272,8 +323,23 @@ def test_end_to_end_mujoco_fpo(tmp_path):
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_end_to_end_envpool_dm_control(tmp_path, objective):
     pytest.importorskip("envpool")
-    rows, summary = run_script(tmp_path, "--env-id", "CartpoleSwingup-v1", "--objective", objective, "--alpha", "0.5",
-                               "--alpha-eps", "0.5", "--eval-every", "8", "--num-steps", "32", "--total-timesteps", "1024")
+    rows, summary = run_script(
+        tmp_path,
+        "--env-id",
+        "CartpoleSwingup-v1",
+        "--objective",
+        objective,
+        "--alpha",
+        "0.5",
+        "--alpha-eps",
+        "0.5",
+        "--eval-every",
+        "8",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        "1024",
+    )
     assert summary["status"] == "finished" and summary["global_step"] == 1024
     args = json.loads((tmp_path / "e2e" / "args.json").read_text())
     assert args["backend"] == "auto" and args["objective"] == objective
@@ -296,7 +362,15 @@ def test_step_into_writes_what_step_returns(env_id):
         obs, rew, term, trunc, info = a.step(act)
         b.step_into(act, out)
         parts = env_out_views(out, 3, a.obs_dim)
-        want = (obs, info["final_obs"], rew, term.float(), trunc.float(), info["episode_return"], info["episode_length"])
+        want = (
+            obs,
+            info["final_obs"],
+            rew,
+            term.float(),
+            trunc.float(),
+            info["episode_return"],
+            info["episode_length"],
+        )
         assert all(torch.equal(x, y) for x, y in zip(parts, want))
         o2, _, te2, tr2, _ = unpack_step(out, 3, a.obs_dim)
         assert torch.equal(o2, obs) and torch.equal(te2, term) and torch.equal(tr2, trunc)
@@ -376,8 +450,9 @@ def test_action_bound_clamps_stored_actions(tmp_path):
 
 def test_anneal_steps_sets_the_lr_horizon(tmp_path):
     batch = 4 * 32
-    args = tiny_args(tmp_path, num_updates=4, eval_every=4, total_timesteps=100 * batch, anneal_steps=2 * batch,
-                     learning_rate=1e-3)
+    args = tiny_args(
+        tmp_path, num_updates=4, eval_every=4, total_timesteps=100 * batch, anneal_steps=2 * batch, learning_rate=1e-3
+    )
     R.main(args)
     lrs = [r["lr"] for r in read_rows(tmp_path / "run" / "metrics.jsonl")[1:]]
     # lr = lr0 * max(1 - k / (anneal_steps / batch), 0.05) before update k = 0, 1, 2, 3.
@@ -402,7 +477,10 @@ def two_states(args, device):
 
 
 def assert_same_networks(a, b, **tol):
-    for p, q in zip(list(a.actor.parameters()) + list(a.critic.parameters()), list(b.actor.parameters()) + list(b.critic.parameters())):
+    for p, q in zip(
+        list(a.actor.parameters()) + list(a.critic.parameters()),
+        list(b.actor.parameters()) + list(b.critic.parameters()),
+    ):
         torch.testing.assert_close(p, q, **tol)
 
 
@@ -449,12 +527,25 @@ def test_graphed_step_replayed_eagerly_takes_the_eager_steps(tmp_path, monkeypat
     assert_same_networks(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the CUDA-graph update with the eager one)")
-@pytest.mark.parametrize("objective,gae_unroll,compile", [("fpo", 0, False), ("fpopp", 0, False), ("fpo", 8, False), ("fpo", 8, True),
-                                                          ("fpopp", 0, True)])
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the CUDA-graph update with the eager one)"
+)
+@pytest.mark.parametrize(
+    "objective,gae_unroll,compile",
+    [("fpo", 0, False), ("fpopp", 0, False), ("fpo", 8, False), ("fpo", 8, True), ("fpopp", 0, True)],
+)
 def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective, gae_unroll, compile):
     # Both sides use the fused flow MLP (--fused); the graphed side optionally compiles its losses.
-    args = tiny_args(tmp_path, objective=objective, cuda=True, alpha_eps=0.5, alpha=0.5, gae_unroll=gae_unroll, compile=compile, fused=True)
+    args = tiny_args(
+        tmp_path,
+        objective=objective,
+        cuda=True,
+        alpha_eps=0.5,
+        alpha=0.5,
+        gae_unroll=gae_unroll,
+        compile=compile,
+        fused=True,
+    )
     dev = torch.device("cuda")
     a, b, batch = two_states(args, dev)
     eager, graphed = replace(args, cuda_graph=False), replace(args, cuda_graph=True)
@@ -479,7 +570,6 @@ def test_cuda_graph_update_matches_eager_update_on_gpu(tmp_path, objective, gae_
     assert isinstance(b.optimizer.param_groups[0]["lr"], float) and not b.optimizer.param_groups[0]["capturable"]
 
 
-
 # ---------------------------------------------------------------------------- presets, errors, signals
 
 
@@ -490,16 +580,49 @@ def test_presets_resolve_and_args_json_records_every_value(tmp_path):
     # Official FPO FpoConfig: 2048 envs x 480 steps = 983,040 (one block per update), 16 x 32 minibatches.
     assert fpo.num_envs * fpo.num_steps == 983_040 == fpo.block_size
     assert fpo.num_envs * fpo.num_steps // fpo.num_minibatches == 30_720
-    assert (fpo.update_epochs, fpo.learning_rate, fpo.gamma, fpo.reward_scale, fpo.max_grad_norm, fpo.seed) == (16, 3e-4, 0.995, 10.0, 0.0, 4)
+    assert (fpo.update_epochs, fpo.learning_rate, fpo.gamma, fpo.reward_scale, fpo.max_grad_norm, fpo.seed) == (
+        16,
+        3e-4,
+        0.995,
+        10.0,
+        0.0,
+        4,
+    )
     assert fpo.total_timesteps // (fpo.num_envs * fpo.num_steps) == 61 and fpo.eval_episodes == 128
     assert fpo.compile and fpo.fused and not (R.Args().compile or R.Args().fused)  # GPU fast paths: fpo preset only
     fpopp = R.PRESETS["fpopp"]
-    assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == ("fpopp", 1e-4, 1e-4, 16, 64)
-    assert (fpopp.update_epochs, fpopp.num_minibatches, fpopp.gamma, fpopp.vf_coef, fpopp.max_grad_norm, fpopp.actor_ema) == (16, 4, 0.99, 1.0, 1.0, 0.95)
+    assert (fpopp.objective, fpopp.learning_rate, fpopp.weight_decay, fpopp.num_draws, fpopp.flow_steps) == (
+        "fpopp",
+        1e-4,
+        1e-4,
+        16,
+        64,
+    )
+    assert (
+        fpopp.update_epochs,
+        fpopp.num_minibatches,
+        fpopp.gamma,
+        fpopp.vf_coef,
+        fpopp.max_grad_norm,
+        fpopp.actor_ema,
+    ) == (16, 4, 0.99, 1.0, 1.0, 0.95)
     # A tiny run from the fpo preset: args.json holds every resolved field, the preset's included.
-    small = dict(env_id="InvertedPendulum-v5", num_envs=4, num_steps=30, num_minibatches=2, update_epochs=1, num_draws=2,
-                 flow_steps=2, actor_hidden=8, critic_hidden=8, eval_every=1, eval_episodes=1, num_updates=1, cuda=False,
-                 runs_dir=str(tmp_path))
+    small = dict(
+        env_id="InvertedPendulum-v5",
+        num_envs=4,
+        num_steps=30,
+        num_minibatches=2,
+        update_epochs=1,
+        num_draws=2,
+        flow_steps=2,
+        actor_hidden=8,
+        critic_hidden=8,
+        eval_every=1,
+        eval_episodes=1,
+        num_updates=1,
+        cuda=False,
+        runs_dir=str(tmp_path),
+    )
     summary = R.main(replace(fpo, **small))
     folder = tmp_path / "InvertedPendulum-v5__fpo__alpha_eps1.0__fpo__4"
     saved = json.loads((folder / "args.json").read_text())
@@ -510,8 +633,13 @@ def test_presets_resolve_and_args_json_records_every_value(tmp_path):
 
 def run_cli(tmp_path, *flags):
     env = dict(os.environ, MUJOCO_GL="disable")
-    return subprocess.run([sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path / "runs"),
-                           "--no-cuda", *flags], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "robot_fpo.py"), "--runs-dir", str(tmp_path / "runs"), "--no-cuda", *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
@@ -531,7 +659,11 @@ def test_missing_backend_is_a_one_line_error(monkeypatch):
     import fpo_utils.envs as E
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("envpool", "fpo_utils.playground")) else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith(("envpool", "fpo_utils.playground")) else real(name, *a),
+    )
     with pytest.raises(RunError, match=r"pip install -e '\.\[envpool\]'"):
         E.make_envs("CartpoleSwingup-v1", 2, 0, "envpool")
     with pytest.raises(RunError, match="playground"):
@@ -571,9 +703,27 @@ def test_nonfinite_run_exits_3_through_the_cli(tmp_path, monkeypatch):
 
     real = R.fpo_loss
     monkeypatch.setattr(R, "fpo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), *out[1:]))(real(*a, **k)))
-    argv = ["--env-id", "InvertedPendulum-v5", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-            "--update-epochs", "1", "--num-updates", "2", "--eval-episodes", "1", "--no-cuda", "--runs-dir", str(tmp_path),
-            "--run-name", "nan"]
+    argv = [
+        "--env-id",
+        "InvertedPendulum-v5",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--num-updates",
+        "2",
+        "--eval-episodes",
+        "1",
+        "--no-cuda",
+        "--runs-dir",
+        str(tmp_path),
+        "--run-name",
+        "nan",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         cli(R.main, R.Args, R.PRESETS, argv=argv)
     assert exit_info.value.code == 3
@@ -628,7 +778,9 @@ def test_unroll_gae_matches_the_step_by_step_recursion():
         acc = (rew[:, s] + disc[:, s] * nxt[:, s] - values[:, s]) * mask[:, s] + disc[:, s] * lam * mask[:, s] * acc
         ref[:, s] = acc + values[:, s]
     torch.testing.assert_close(vs, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(adv, (rew + disc * torch.cat([ref[:, 1:], boot[:, None]], 1) - values) * mask, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        adv, (rew + disc * torch.cat([ref[:, 1:], boot[:, None]], 1) - values) * mask, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_sampler_is_euler_over_the_forward_pass():
@@ -652,7 +804,9 @@ def test_gae_unroll_end_to_end_and_resume(tmp_path):
         R.validate_args(replace(args, gae_unroll=5))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured sampler with the eager one)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured sampler with the eager one)"
+)
 def test_graphed_sampler_matches_eager_sampler_on_gpu():
     torch.manual_seed(0)
     actor = R.FlowActor(5, 2, 16, 2, 8, 0.25).cuda()
@@ -666,7 +820,9 @@ def test_graphed_sampler_matches_eager_sampler_on_gpu():
     assert sampler.key == ((7, 5), (7, 2), 4, obs.device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured rollout steps with eager ones)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (compares the captured rollout steps with eager ones)"
+)
 @pytest.mark.parametrize("objective,gae_unroll", [("fpo", 0), ("fpopp", 0), ("fpo", 8)])
 def test_graphed_rollout_matches_eager_rollout_on_gpu(tmp_path, objective, gae_unroll):
     # The eager sampler in both (the fused one is compared with it in test_flow_triton.py).
@@ -722,7 +878,9 @@ def test_batch_var_statistics_follow_the_official_running_stats():
     twice.update(torch.as_tensor(a))  # the same batch again: same mean, half the variance (count 2n)
     torch.testing.assert_close(twice.var, first / 2, rtol=1e-5, atol=0)
     big = torch.full((1, 3), 1e6, dtype=torch.float64)
-    np.testing.assert_allclose(rms.normalize(big).numpy(), ((1e6 - mean) / np.sqrt(var))[None].astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(
+        rms.normalize(big).numpy(), ((1e6 - mean) / np.sqrt(var))[None].astype(np.float32), rtol=1e-6
+    )
 
 
 def test_obs_stats_per_update_renormalises_the_batch(tmp_path):
@@ -737,7 +895,9 @@ def test_obs_stats_per_update_renormalises_the_batch(tmp_path):
     obs = batch["obs"].reshape(n_rows, -1)  # unrolls of 8 steps: the rows in another order
     torch.testing.assert_close(obs.mean(0), torch.zeros(obs.shape[1]), atol=1e-4, rtol=0)  # first rollout: its own mean
     # the first rollout sampled with mean 0, std 1 (raw observations); l_old belongs to those
-    again = R.draw_losses(state.actor, batch["obs"][:2, 0], batch["x"][:2, 0], batch["t"][:2, 0], batch["eps"][:2, 0], "fpo")
+    again = R.draw_losses(
+        state.actor, batch["obs"][:2, 0], batch["x"][:2, 0], batch["t"][:2, 0], batch["eps"][:2, 0], "fpo"
+    )
     assert not torch.allclose(again, batch["l_old"][:2, 0])
     summary = R.main(replace(args, num_updates=2, run_name="e2e"))
     assert summary["status"] == "finished"

@@ -29,14 +29,17 @@ def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_p
         "gpu1 first echo dev=$CUDA_VISIBLE_DEVICES run=$RUN_DIR peer=$PEER_OUT; pwd\n"
         "gpu1 broken false\n"
         "gpu1 after mkdir -p $RUN_DIR/after/checkpoints && echo w > $RUN_DIR/after/checkpoints/last.pt"
-        " && echo w > $RUN_DIR/after/events.out.tfevents.1 && echo '{\"update\": 7, \"eval_return\": 3.5}'"
+        ' && echo w > $RUN_DIR/after/events.out.tfevents.1 && echo \'{"update": 7, "eval_return": 3.5}\''
         " > $RUN_DIR/after/metrics.jsonl\n"
         "  # an indented comment\n"
-        "cpu slow sleep 1; echo \"dev=[${CUDA_VISIBLE_DEVICES-unset}] $STUDY_PROBE\"; exit 7\n")
+        'cpu slow sleep 1; echo "dev=[${CUDA_VISIBLE_DEVICES-unset}] $STUDY_PROBE"; exit 7\n'
+    )
     d = tmp_path / "st"
     env = {**os.environ, "STUDY_PROBE": "passed-through"}  # the caller's environment reaches the commands
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    r = subprocess.run(["bash", str(STUDY), "start", str(d), str(plan)], capture_output=True, text=True, env=env, timeout=30)
+    r = subprocess.run(
+        ["bash", str(STUDY), "start", str(d), str(plan)], capture_output=True, text=True, env=env, timeout=30
+    )
     assert r.returncode == 0, r.stderr
     assert "queue gpu1" in r.stdout and "queue cpu" in r.stdout
     assert (d / "plan.txt").read_text() == plan.read_text() and "nproc" in (d / "machine.txt").read_text()
@@ -58,12 +61,23 @@ def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_p
     assert study("collect", d, dest).returncode == 0
     with tarfile.open(dest / "study.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {"st/plan.txt", "st/machine.txt", "st/logs/first.log", "st/done/slow", "st/runs/after/metrics.jsonl"} <= names
+    assert {
+        "st/plan.txt",
+        "st/machine.txt",
+        "st/logs/first.log",
+        "st/done/slow",
+        "st/runs/after/metrics.jsonl",
+    } <= names
     assert not any("checkpoints" in n or "tfevents" in n for n in names)
 
     # larger than a part: numbered parts that join into the same archive
-    r = subprocess.run(["bash", str(STUDY), "collect", str(d), str(dest)], capture_output=True, text=True,
-                       env={**os.environ, "STUDY_PART_BYTES": "300"}, timeout=30)
+    r = subprocess.run(
+        ["bash", str(STUDY), "collect", str(d), str(dest)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STUDY_PART_BYTES": "300"},
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     parts = sorted(dest.glob("study.tar.gz.*"))
     assert len(parts) >= 2 and parts[0].name == "study.tar.gz.00" and not (dest / "study.tar.gz").exists()
@@ -83,8 +97,17 @@ def write_run(runs: Path, name: str, args: dict, rows: list[dict], summary: dict
         (f / "summary.json").write_text(json.dumps(summary))
 
 
-FPO_ARGS = {"env_id": "AcrobotSwingup", "objective": "fpo", "backend": "playground", "alpha": 1.0,
-            "num_envs": 2048, "num_steps": 480, "num_updates": 0, "total_timesteps": 60_000_000, "block_size": BLOCK}
+FPO_ARGS = {
+    "env_id": "AcrobotSwingup",
+    "objective": "fpo",
+    "backend": "playground",
+    "alpha": 1.0,
+    "num_envs": 2048,
+    "num_steps": 480,
+    "num_updates": 0,
+    "total_timesteps": 60_000_000,
+    "block_size": BLOCK,
+}
 
 
 def evals(values: dict[int, float]) -> list[dict]:
@@ -105,34 +128,62 @@ def synthetic(tmp_path):
     d = tmp_path / "study"
     runs = d / "runs"
     fin = {"status": "finished", "updates_done": 61}
-    write_run(runs, "AcrobotSwingup_ae1_s0", {**FPO_ARGS, "alpha_eps": 1.0, "seed": 0},
-              evals({0: 2.0, 7: 5.0, 14: 4.0, 61: 3.0}), fin)
-    write_run(runs, "AcrobotSwingup_ae1_s1", {**FPO_ARGS, "alpha_eps": 1.0, "seed": 1},
-              evals({0: 2.0, 7: 9.0, 14: 6.0, 61: 8.0}), fin)
-    write_run(runs, "AcrobotSwingup_ae0.5_s0", {**FPO_ARGS, "alpha_eps": 0.5, "seed": 0},
-              evals({0: 2.0, 7: 10.0, 14: 12.0}) + [{"update": 15, "global_step": 15 * BLOCK, "eval_return": None}],
-              {"status": "interrupted", "updates_done": 14})  # a non-finite evaluation is logged as null
+    write_run(
+        runs,
+        "AcrobotSwingup_ae1_s0",
+        {**FPO_ARGS, "alpha_eps": 1.0, "seed": 0},
+        evals({0: 2.0, 7: 5.0, 14: 4.0, 61: 3.0}),
+        fin,
+    )
+    write_run(
+        runs,
+        "AcrobotSwingup_ae1_s1",
+        {**FPO_ARGS, "alpha_eps": 1.0, "seed": 1},
+        evals({0: 2.0, 7: 9.0, 14: 6.0, 61: 8.0}),
+        fin,
+    )
+    write_run(
+        runs,
+        "AcrobotSwingup_ae0.5_s0",
+        {**FPO_ARGS, "alpha_eps": 0.5, "seed": 0},
+        evals({0: 2.0, 7: 10.0, 14: 12.0}) + [{"update": 15, "global_step": 15 * BLOCK, "eval_return": None}],
+        {"status": "interrupted", "updates_done": 14},
+    )  # a non-finite evaluation is logged as null
     # diverged in update 9 after its block-7 evaluation
-    rows = evals({0: 2.0, 7: 20.0}) + [{"update": 8, "global_step": 8 * BLOCK, "pg_loss": 0.2},
-                                        {"update": 9, "global_step": 9 * BLOCK, "nonfinite": True}]
-    write_run(runs, "AcrobotSwingup_ae0.5_s1", {**FPO_ARGS, "alpha_eps": 0.5, "seed": 1}, rows,
-              {"status": "nonfinite", "updates_done": 8})
+    rows = evals({0: 2.0, 7: 20.0}) + [
+        {"update": 8, "global_step": 8 * BLOCK, "pg_loss": 0.2},
+        {"update": 9, "global_step": 9 * BLOCK, "nonfinite": True},
+    ]
+    write_run(
+        runs,
+        "AcrobotSwingup_ae0.5_s1",
+        {**FPO_ARGS, "alpha_eps": 0.5, "seed": 1},
+        rows,
+        {"status": "nonfinite", "updates_done": 8},
+    )
     (runs / "AcrobotSwingup_ae0.5_s1" / "metrics.jsonl").open("a").write('{"update": 9, "glo')  # a cut row
     (runs / "broken").mkdir()  # no args.json: skipped with a note
     (d / "peer").mkdir()
     (d / "logs").mkdir()
-    official = {"eval0": 1.5, "evals": [{"block": 6, "reward": 4.0}, {"block": 13, "reward": 30.0}], "eval_end": 25.0,
-                "iters": [{"i": i, "rollout_s": 0.2, "total_s": s} for i, s in enumerate(TOTALS)]}
+    official = {
+        "eval0": 1.5,
+        "evals": [{"block": 6, "reward": 4.0}, {"block": 13, "reward": 30.0}],
+        "eval_end": 25.0,
+        "iters": [{"i": i, "rollout_s": 0.2, "total_s": s} for i, s in enumerate(TOTALS)],
+    }
     (d / "peer" / "fpo_peer_AcrobotSwingup_s0.json").write_text(json.dumps(official))
     (d / "logs" / "official_AcrobotSwingup_s1.log").write_text(
         "{'i': 0}\neval {'block': 6, 'reward': 3.25, 's': 1.0}\neval {'block': 13, 'reward': 7.5, 's': 1.0}\n"
-        "eval {'block': 20, 'reward': nan, 's': 1.0}\n")
+        "eval {'block': 20, 'reward': nan, 's': 1.0}\n"
+    )
     return d
 
 
 def test_study_tables_and_pngs(synthetic, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(PLOT), str(synthetic), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(PLOT), str(synthetic), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "note:" in r.stdout  # the folder without args.json and the cut row
     for png in ("vs_official_AcrobotSwingup.png", "alpha_study_AcrobotSwingup.png"):
@@ -142,10 +193,18 @@ def test_study_tables_and_pngs(synthetic, tmp_path):
     g = s["groups"][0]
     assert (g["task"], g["objective"], g["backend"], g["block_budget"]) == ("AcrobotSwingup", "fpo", "playground", 61)
     runs = {r["run"]: r for r in g["runs"]}
-    assert set(runs) == {"AcrobotSwingup_ae1_s0", "AcrobotSwingup_ae1_s1", "AcrobotSwingup_ae0.5_s0", "AcrobotSwingup_ae0.5_s1"}
+    assert set(runs) == {
+        "AcrobotSwingup_ae1_s0",
+        "AcrobotSwingup_ae1_s1",
+        "AcrobotSwingup_ae0.5_s0",
+        "AcrobotSwingup_ae0.5_s1",
+    }
     assert (runs["AcrobotSwingup_ae1_s0"]["peak"], runs["AcrobotSwingup_ae1_s0"]["peak_block"]) == (5.0, 7)
     assert runs["AcrobotSwingup_ae1_s1"]["final_eval"] == 8.0
-    assert (runs["AcrobotSwingup_ae0.5_s0"]["updates_done"], runs["AcrobotSwingup_ae0.5_s0"]["updates_asked"]) == (14, 61)
+    assert (runs["AcrobotSwingup_ae0.5_s0"]["updates_done"], runs["AcrobotSwingup_ae0.5_s0"]["updates_asked"]) == (
+        14,
+        61,
+    )
     assert runs["AcrobotSwingup_ae0.5_s0"]["status"] == "interrupted"
     div = runs["AcrobotSwingup_ae0.5_s1"]
     assert div["status"] == "nonfinite" and div["events"] == ["nonfinite at block 9 (update 9)"] and div["peak"] == 20.0
@@ -171,20 +230,50 @@ def test_study_tables_and_pngs(synthetic, tmp_path):
 def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
     d = tmp_path / "study"
     common = {"num_updates": 0, "block_size": BLOCK, "seed": 0, "alpha_eps": 1.0}
-    write_run(d / "runs", "CartpoleSwingup-v1_fpopp_a0.5_s0",
-              {**common, "env_id": "CartpoleSwingup-v1", "objective": "fpopp", "backend": "envpool", "alpha": 0.5,
-               "num_envs": 1024, "num_steps": 32, "total_timesteps": 150 * 1024 * 32},
-              [{"update": 0, "global_step": 0, "eval_return": 1.0}, {"update": 15, "global_step": 15 * 32768, "eval_return": 4.0}],
-              None)
-    write_run(d / "runs", "envpool_WalkerRun-v1_ae1_s0",
-              {**common, "env_id": "WalkerRun-v1", "objective": "fpo", "backend": "auto", "alpha": 1.0,
-               "num_envs": 2048, "num_steps": 480, "total_timesteps": 60_000_000},
-              evals({0: 1.0, 7: 2.0}), {"status": "running", "updates_done": 7})
+    write_run(
+        d / "runs",
+        "CartpoleSwingup-v1_fpopp_a0.5_s0",
+        {
+            **common,
+            "env_id": "CartpoleSwingup-v1",
+            "objective": "fpopp",
+            "backend": "envpool",
+            "alpha": 0.5,
+            "num_envs": 1024,
+            "num_steps": 32,
+            "total_timesteps": 150 * 1024 * 32,
+        },
+        [
+            {"update": 0, "global_step": 0, "eval_return": 1.0},
+            {"update": 15, "global_step": 15 * 32768, "eval_return": 4.0},
+        ],
+        None,
+    )
+    write_run(
+        d / "runs",
+        "envpool_WalkerRun-v1_ae1_s0",
+        {
+            **common,
+            "env_id": "WalkerRun-v1",
+            "objective": "fpo",
+            "backend": "auto",
+            "alpha": 1.0,
+            "num_envs": 2048,
+            "num_steps": 480,
+            "total_timesteps": 60_000_000,
+        },
+        evals({0: 1.0, 7: 2.0}),
+        {"status": "running", "updates_done": 7},
+    )
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(PLOT), str(d), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "fpopp_CartpoleSwingup-v1.png").exists() and (out / "envpool_WalkerRun-v1.png").exists()
-    groups = {(g["task"], g["objective"], g["backend"]): g for g in json.loads((out / "study.json").read_text())["groups"]}
+    groups = {
+        (g["task"], g["objective"], g["backend"]): g for g in json.loads((out / "study.json").read_text())["groups"]
+    }
     pp = groups[("CartpoleSwingup-v1", "fpopp", "envpool")]["runs"][0]
     assert (pp["alpha"], pp["updates_asked"], pp["status"], pp["peak"]) == (0.5, 150, "no summary", 4.0)
     assert groups[("WalkerRun-v1", "fpo", "envpool")]["runs"][0]["updates_done"] == 7

@@ -13,15 +13,41 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
-ROBOT_TINY = ["--env-id", "InvertedPendulum-v5", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
-              "--update-epochs", "1", "--num-draws", "2", "--flow-steps", "2", "--eval-every", "4",
-              "--eval-episodes", "1", "--no-cuda", "--backend", "gymnasium"]
+ROBOT_TINY = [
+    "--env-id",
+    "InvertedPendulum-v5",
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "32",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "1",
+    "--num-draws",
+    "2",
+    "--flow-steps",
+    "2",
+    "--eval-every",
+    "4",
+    "--eval-episodes",
+    "1",
+    "--no-cuda",
+    "--backend",
+    "gymnasium",
+]
 
 
 def robot(cwd, *flags):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MUJOCO_GL="disable")
-    return subprocess.run([sys.executable, str(ROOT / "robot_fpo.py"), *ROBOT_TINY, *flags], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "robot_fpo.py"), *ROBOT_TINY, *flags],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def folder_bytes(path):
@@ -80,9 +106,25 @@ def test_unwritable_output_directory_is_one_line_and_exit_5(tmp_path, trainer):
         proc = robot(tmp_path, "--total-timesteps", "256", "--runs-dir", str(blocker / "runs"))
     else:
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.run([sys.executable, str(ROOT / "cifar_fpo.py"), "--preset", "quick", "--reward", "red-patch",
-                               "--device", "cpu", "--runs-dir", str(blocker / "runs")],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "cifar_fpo.py"),
+                "--preset",
+                "quick",
+                "--reward",
+                "red-patch",
+                "--device",
+                "cpu",
+                "--runs-dir",
+                str(blocker / "runs"),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert proc.returncode == 5 and str(blocker) in one_line(proc)
 
 

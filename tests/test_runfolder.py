@@ -13,8 +13,19 @@ import pytest
 import torch
 
 from fpo_utils import runfolder
-from fpo_utils.runfolder import (CHECKPOINT, EXIT_BAD_FILE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO,
-                                 EXIT_NONFINITE, RunError, RunFolder, check_choices, cli, read_jsonl)
+from fpo_utils.runfolder import (
+    CHECKPOINT,
+    EXIT_BAD_FILE,
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_IO,
+    EXIT_NONFINITE,
+    RunError,
+    RunFolder,
+    check_choices,
+    cli,
+    read_jsonl,
+)
 
 
 def strict_loads(line):
@@ -41,8 +52,18 @@ def make_run(tmp_path, steps=2, **config):
 
 def test_metrics_are_strict_json_and_reach_tensorboard(tmp_path):
     with RunFolder(tmp_path, "r", {"lr": 1e-3}, resume=False) as rf:
-        rf.log({"update": 0, "loss": float("nan"), "reward": float("inf"), "x": np.float32(2.5),
-                "q": np.array([0.25, 0.75]), "ok": True}, step=0, tags={"loss": "losses/loss"})
+        rf.log(
+            {
+                "update": 0,
+                "loss": float("nan"),
+                "reward": float("inf"),
+                "x": np.float32(2.5),
+                "q": np.array([0.25, 0.75]),
+                "ok": True,
+            },
+            step=0,
+            tags={"loss": "losses/loss"},
+        )
         rf.log({"update": 1, "loss": 0.25, "reward": 1.0}, step=1, tags={"loss": "losses/loss"})
     lines = (rf.path / "metrics.jsonl").read_text().splitlines()
     rows = [strict_loads(line) for line in lines]
@@ -212,8 +233,9 @@ def test_closed_choices_are_one_line_errors():
         check_choices(Toy, ["--maybe=z"])
 
 
-@pytest.mark.parametrize("status,code", [("finished", 0), ("paused", 0), ("nonfinite", EXIT_NONFINITE),
-                                         ("interrupted", EXIT_INTERRUPTED)])
+@pytest.mark.parametrize(
+    "status,code", [("finished", 0), ("paused", 0), ("nonfinite", EXIT_NONFINITE), ("interrupted", EXIT_INTERRUPTED)]
+)
 def test_cli_exit_codes_follow_the_status(status, code):
     with pytest.raises(SystemExit) as ex:
         cli(lambda args: {"status": status}, Toy, argv=[])
@@ -224,7 +246,12 @@ def test_cli_presets_and_errors(capsys):
     presets = {"small": Toy(n=1, preset="small"), "big": Toy(n=64, preset="big")}
     seen = []
     with pytest.raises(SystemExit) as ex:
-        cli(lambda args: seen.append(args) or {"status": "finished"}, Toy, presets, argv=["--preset", "big", "--mode", "b"])
+        cli(
+            lambda args: seen.append(args) or {"status": "finished"},
+            Toy,
+            presets,
+            argv=["--preset", "big", "--mode", "b"],
+        )
     assert ex.value.code == 0 and seen[0] == Toy(mode="b", n=64, preset="big")
     for argv, code in ((["--preset", "huge"], EXIT_BAD_INPUT), (["--mode", "c"], EXIT_BAD_INPUT)):
         with pytest.raises(SystemExit) as ex:

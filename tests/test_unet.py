@@ -277,8 +277,13 @@ def test_harmless_config_keys_are_ignored():
     torch.manual_seed(0)
     a = cf.UNet2D.from_config(SMALL)
     torch.manual_seed(0)
-    extra = {"_diffusers_version": "0.35.1", "_name_or_path": "x", "sample_size": 64, "num_train_timesteps": 1000,
-             "option_from_a_later_release": None}
+    extra = {
+        "_diffusers_version": "0.35.1",
+        "_name_or_path": "x",
+        "sample_size": 64,
+        "num_train_timesteps": 1000,
+        "option_from_a_later_release": None,
+    }
     b = cf.UNet2D.from_config({**SMALL, **extra})
     x, t = inputs(16)
     with torch.no_grad():

@@ -406,9 +406,7 @@ def test_static_softmax():
     np.testing.assert_allclose(W.static_softmax(np.full(4, 0.3), 2.0), np.ones(4))  # std = 0 guard
     # hand value: c = [0, 1] -> d = [-1, 1] -> w = 2 softmax([-eta, eta])
     eta = 0.75
-    np.testing.assert_allclose(
-        W.static_softmax([0.0, 1.0], eta), 2 * np.exp([-eta, eta]) / np.exp([-eta, eta]).sum()
-    )
+    np.testing.assert_allclose(W.static_softmax([0.0, 1.0], eta), 2 * np.exp([-eta, eta]) / np.exp([-eta, eta]).sum())
     for eta in W.ETA_GRID:
         w = W.static_softmax(c, eta)
         assert w.mean() == pytest.approx(1.0)
@@ -606,8 +604,10 @@ def test_rule_fixed_target_and_schedule_plans():
 
 def test_rule_static_fits_once_on_the_initial_model():
     U, V = _moments(1)
-    for name, expect in (("static-softmax", W.static_softmax(W.coherence_from_moments(U, V), 0.5)),
-                         ("static-direct", W.static_direct(W.coherence_from_moments(U, V)))):
+    for name, expect in (
+        ("static-softmax", W.static_softmax(W.coherence_from_moments(U, V), 0.5)),
+        ("static-direct", W.static_direct(W.coherence_from_moments(U, V))),
+    ):
         rule = W.WeightingRule(name, eta=0.5, estimator="q+Z")
         assert rule.wants_fit(-1) and not rule.wants_fit(0)
         with pytest.raises(ValueError, match="observe"):
@@ -628,7 +628,9 @@ def test_rule_online_ema_deploys_each_fit_at_the_next_update():
         U, V = _moments(10 + k)
         rule.observe(k, U, V)
         state = W.ema_moments_update(state, U, V, decay=0.8)
-        np.testing.assert_allclose(rule.plan(k + 1).q, W.profile_probs(W.online_ema_profile(W.ema_coherence(state), 50.0)))
+        np.testing.assert_allclose(
+            rule.plan(k + 1).q, W.profile_probs(W.online_ema_profile(W.ema_coherence(state), 50.0))
+        )
 
 
 def test_rule_online_refit_replaces_the_profile_every_refit_every_updates():
@@ -669,13 +671,16 @@ def test_rule_state_dict_is_plain_and_resumes_exactly(name):
         W.WeightingRule("fixed" if name != "fixed" else "schedule").load_state_dict(state)
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(weighting="magic"), "weighting='magic' is not one of"),
-    (dict(estimator="q+x"), "estimator="),
-    (dict(target="z"), "target='z'"),
-    (dict(online_init="eps"), "online_init="),
-    (dict(weighting="schedule", k0=5, k1=2), "k1=2 < k0=5"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(weighting="magic"), "weighting='magic' is not one of"),
+        (dict(estimator="q+x"), "estimator="),
+        (dict(target="z"), "target='z'"),
+        (dict(online_init="eps"), "online_init="),
+        (dict(weighting="schedule", k0=5, k1=2), "k1=2 < k0=5"),
+    ],
+)
 def test_rule_rejects_bad_settings_in_one_line(kw, message):
     with pytest.raises(ValueError, match=message.replace("+", r"\+")) as err:
         W.WeightingRule(**kw)
