@@ -18,6 +18,7 @@ import copy
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -34,19 +35,12 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    """Flags; ``--preset``: ``default`` (CPU scale: 64 environments x 64 steps), ``fpo`` (official FPO, app:robotics:
-    one update = one block of 983,040 steps), ``fpopp`` (official FPO++). Where the paper is silent, ``fpo`` does what
-    the official FPO code (akanazawa/fpo ``playground/``) does: Adam (eps 1e-8, constant lr), rewards x 10
-    unnormalised, SiLU, lecun-uniform init, time embedding 2^k, observation statistics once per update (its
-    RunningStats, unclipped), x stored unclamped and tanh(x) sent on, 8 draws averaged before the exponential, value
-    loss 0.25 MSE, and GAE recomputed in each minibatch of 1,024 unrolls x 30 steps with the current critic (brax's
-    form). Still different: the embedding reads t (official: 1 - t); checkpoints restart all environments (official:
-    never). ``fpopp`` takes the official FPO++ defaults (losses clamped at 20, difference clamp 10, advantage clamp
-    100, AdamW 1e-4 / 1e-4, gradient clip 1, an EMA actor .95 after 500 updates); sizes are ours."""
+    """Flags. ``--preset`` picks a named set of defaults, later flags override: ``default`` (CPU scale: 64 environments
+    x 64 steps), ``fpo`` (the official FPO configuration, app:robotics; one update is one block of 983,040 steps) or
+    ``fpopp`` (the official FPO++ defaults). What each preset takes from the official code, and what still differs:
+    benchmarks/robot_results/README.md."""
 
-    preset: Literal["default", "fpo", "fpopp"] = (
-        "default"  # named set of defaults: default (CPU scale), fpo (official FPO), fpopp (official FPO++)
-    )
+    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults (PRESETS below)
     runs_dir: str = "runs"  # parent folder of the run folders
     run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
     seed: int = 1  # seed of the experiment
@@ -55,28 +49,20 @@ class Args:
     cuda: bool = True  # use the GPU for the networks when one is present
     cuda_graph: bool = True  # on CUDA, replay each rollout step's torch work and each minibatch step as captured graphs
     tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
-    compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (on in the fpo preset)
-    fused: bool = (
-        False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo_utils/flow_triton.py; fpo preset)
-    )
-    scan_rollout: bool = (
-        False  # Playground: the rollout's steps as one JAX scan with a JAX copy of the sampler (fpo preset)
-    )
+    compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (fpo preset)
+    fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo preset)
+    scan_rollout: bool = False  # Playground: the rollout's steps as one JAX scan with a JAX sampler (fpo preset)
     torch_threads: int = 1  # ``torch.set_num_threads`` (0 keeps torch's default)
     torch_deterministic: bool = True  # sets ``torch.backends.cudnn.deterministic``
 
     # Environment
-    env_id: str = "HalfCheetah-v5"  # envpool id (``Walker2d-v5``, ``WalkerRun-v1``, ...), a gymnasium id, or a Playground task name
-    backend: Literal["auto", "envpool", "gymnasium", "playground"] = (
-        "auto"  # auto: envpool for the ids it has, else gymnasium; playground: MuJoCo Playground on the GPU
-    )
+    env_id: str = "HalfCheetah-v5"  # an envpool id (``WalkerRun-v1``, ...), a gymnasium id or a Playground task
+    backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"  # auto: envpool if it has the id
     num_envs: int = 64  # parallel environments
     env_threads: int = 0  # envpool threads (0: one per core)
-    episode_length: int = 1000  # time limit of the playground backend (envpool and gymnasium use the id's own limit)
+    episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
     norm_obs: bool = True  # running observation normalisation (app:robotics)
-    obs_stats: Literal["step", "update"] = (
-        "step"  # statistics updated each rollout step (CleanRL), or once per update from its rollout before training (official FPO's RunningStats)
-    )
+    obs_stats: Literal["step", "update"] = "step"  # statistics updated each step (CleanRL) or once per update (FPO)
     norm_reward: bool = True  # divide rewards by the running std of the discounted return (CleanRL)
     reward_scale: float = 1.0  # multiply rewards by this (official FPO: 10)
 
@@ -92,12 +78,10 @@ class Args:
     adam_eps: float = 1e-5  # Adam epsilon
     gamma: float = 0.99  # discount factor
     gae_lambda: float = 0.95  # GAE lambda
-    gae_unroll: int = 0  # 0: GAE over the rollout with its critic; k: official FPO, in each minibatch over unrolls of k steps with the current critic
+    gae_unroll: int = 0  # 0: GAE over the rollout; k: per minibatch over unrolls of k steps, current critic (FPO)
     num_minibatches: int = 16  # minibatches per epoch
     update_epochs: int = 4  # epochs over each rollout
-    norm_adv: bool = (
-        True  # normalise advantages (per minibatch for FPO and with --gae-unroll, else over the rollout for FPO++)
-    )
+    norm_adv: bool = True  # normalise advantages: per minibatch (FPO, --gae-unroll), else over the rollout
     clip_coef: float = 0.05  # trust-region width rho (0.05 in both official codes)
     vf_coef: float = 0.25  # coefficient of the value loss (mean squared error)
     max_grad_norm: float = 0.5  # global gradient-norm clip (<= 0 disables)
@@ -112,25 +96,17 @@ class Args:
     critic_act: Literal["tanh", "silu"] = "tanh"  # activation of the value MLP
     time_embed_dim: int = 8  # sinusoidal time-embedding size (even)
     time_embed_base: float = math.pi  # time-embedding frequencies base * 2^k (official FPO: 1)
-    init: Literal["torch", "lecun"] = (
-        "torch"  # Linear weights: torch's default, or lecun-uniform with zero biases (official FPO)
-    )
+    init: Literal["torch", "lecun"] = "torch"  # Linear weights: torch's default, or lecun-uniform, zero biases (FPO)
     output_scale: float = 0.25  # scale on the velocity output (official FPO: 0.25, FPO++: 1.0)
-    action_squash: Literal["clip", "tanh"] = (
-        "tanh"  # how x meets the action box: tanh(x) (official FPO) or x clipped to [-1, 1]
-    )
-    action_bound: float = (
-        3.0  # clamp the sampled x to [-b, b] before it is stored (<= 0 disables); keeps old losses bounded
-    )
+    action_squash: Literal["clip", "tanh"] = "tanh"  # the env gets tanh(x) (official FPO) or x clipped to [-1, 1]
+    action_bound: float = 3.0  # clamp sampled x to [-b, b] before it is stored (<= 0 disables): bounded old losses
     actor_ema: float = 0.0  # decay of an EMA copy of the actor used for evaluation (0 disables; official FPO++: 0.95)
     ema_warmup: int = 500  # updates before the EMA starts averaging (before: it copies the actor)
 
     # Timestep weighting and schedules
     alpha_eps: float = 1.0  # FPO exponent: w(s) proportional to s^(2(1-alpha_eps)); 1 is native (app:robotics)
     alpha: float = 1.0  # FPO++ exponent: w(t) proportional to (1-t)^(2(1-alpha)); 1 is native (app:robotics)
-    alpha_early: float | None = (
-        None  # schedule start value of the objective's exponent (with --alpha-late, app:schedules)
-    )
+    alpha_early: float | None = None  # schedule start value of the objective's exponent (app:schedules)
     alpha_late: float | None = None  # schedule end value of the objective's exponent
     k0: float = 12.0  # schedule start, in training blocks (robotics A20/W5 schedules: 12)
     k1: float = 36.0  # schedule end, in training blocks (robotics A20/W5 schedules: 36)
@@ -149,90 +125,37 @@ class Args:
     eval_every: int = 10  # evaluate every this many updates (and at update 0 and the last)
     eval_episodes: int = 5  # fixed-seed evaluation episodes
     eval_seed: int = 10_000  # seed of the evaluation episodes
-    eval_init: Literal["native", "zero", "random"] = (
-        "native"  # initial noise of evaluation sampling; native: random for FPO, zero for FPO++
-    )
+    eval_init: Literal["native", "zero", "random"] = "native"  # evaluation's initial noise (native: FPO random)
     checkpoint_every: int = 0  # checkpoint (and restart the environments) every this many updates (0: eval_every)
     keep_checkpoints: bool = False  # also keep every checkpoint as checkpoints/update_NNNNNN.pt
 
 
+# fmt: off
 PRESETS = {
     "default": Args(),
     # Official FpoConfig (app:robotics): 2048 envs x 480 steps = one block, 16 x 32 minibatches, 61 blocks.
     "fpo": Args(
-        preset="fpo",
-        env_id="WalkerRun-v1",
-        num_envs=2048,
-        num_steps=480,
-        num_minibatches=32,
-        update_epochs=16,
-        total_timesteps=60_000_000,
-        learning_rate=3e-4,
-        anneal_lr=False,
-        adam_eps=1e-8,
-        gamma=0.995,
-        norm_reward=False,
-        reward_scale=10.0,
-        max_grad_norm=0.0,
-        vf_coef=0.25,
-        actor_hidden=32,
-        actor_layers=4,
-        critic_hidden=256,
-        critic_layers=5,
-        critic_act="silu",
-        action_bound=0.0,
-        eval_every=7,
-        eval_episodes=128,
-        gae_unroll=30,
-        obs_stats="update",
-        init="lecun",
-        time_embed_base=1.0,
-        compile=True,
-        fused=True,
-        scan_rollout=True,
+        preset="fpo", env_id="WalkerRun-v1", num_envs=2048, num_steps=480, num_minibatches=32, update_epochs=16,
+        total_timesteps=60_000_000, learning_rate=3e-4, anneal_lr=False, adam_eps=1e-8, gamma=0.995,
+        norm_reward=False, reward_scale=10.0, max_grad_norm=0.0, vf_coef=0.25, gae_unroll=30, obs_stats="update",
+        actor_hidden=32, actor_layers=4, critic_hidden=256, critic_layers=5, critic_act="silu", init="lecun",
+        time_embed_base=1.0, action_bound=0.0, eval_every=7, eval_episodes=128,
+        compile=True, fused=True, scan_rollout=True,
     ),
+    # Official FPO++ defaults; environment count and rollout length are this project's.
     "fpopp": Args(
-        preset="fpopp",
-        objective="fpopp",
-        env_id="CartpoleSwingup-v1",
-        num_envs=1024,
-        num_steps=32,
-        num_minibatches=4,
-        update_epochs=16,
-        total_timesteps=150 * 1024 * 32,
-        learning_rate=1e-4,
-        anneal_lr=False,
-        weight_decay=1e-4,
-        adam_eps=1e-8,
-        norm_reward=False,
-        num_draws=16,
-        flow_steps=64,
-        vf_coef=1.0,
-        max_grad_norm=1.0,
-        output_scale=1.0,
-        action_bound=0.0,
-        actor_ema=0.95,
-        eval_every=15,
-        eval_episodes=32,
+        preset="fpopp", objective="fpopp", env_id="CartpoleSwingup-v1", num_envs=1024, num_steps=32,
+        num_minibatches=4, update_epochs=16, total_timesteps=150 * 1024 * 32, learning_rate=1e-4, anneal_lr=False,
+        weight_decay=1e-4, adam_eps=1e-8, norm_reward=False, num_draws=16, flow_steps=64, vf_coef=1.0,
+        max_grad_norm=1.0, output_scale=1.0, action_bound=0.0, actor_ema=0.95, eval_every=15, eval_episodes=32,
     ),
 }
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
 MAY_CHANGE = (
-    "total_timesteps",
-    "num_updates",
-    "resume",
-    "track",
-    "cuda",
-    "cuda_graph",
-    "compile",
-    "fused",
-    "scan_rollout",
-    "tf32",
-    "torch_threads",
-    "env_threads",
-    "keep_checkpoints",
-    "runs_dir",
+    "total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "scan_rollout",
+    "tf32", "torch_threads", "env_threads", "keep_checkpoints", "runs_dir",
 )
+# fmt: on
 
 
 # ---------------------------------------------------------------- Environments
@@ -252,24 +175,12 @@ def mlp(n_in: int, hidden: int, layers: int, n_out: int, act=nn.SiLU) -> nn.Sequ
 class FlowActor(nn.Module):
     """Velocity field ``v(obs, x_t, t)``: an MLP on [obs, x_t, sinusoidal embedding of t]."""
 
-    def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        hidden: int,
-        layers: int,
-        embed_dim: int,
-        output_scale: float,
-        embed_base: float = math.pi,
-    ):
+    def __init__(self, obs_dim, act_dim, hidden, layers, embed_dim, output_scale, embed_base=math.pi):
         super().__init__()
         if embed_dim % 2:
             raise ValueError(f"time_embed_dim={embed_dim} must be even")
-        self.act_dim, self.output_scale, self.fast_forward = (
-            act_dim,
-            output_scale,
-            None,
-        )  # fast_forward: set in build_state
+        self.act_dim, self.output_scale = act_dim, output_scale
+        self.fast_forward = None  # set in build_state
         self.register_buffer("freqs", embed_base * 2.0 ** torch.arange(embed_dim // 2, dtype=torch.float32))
         self.net = mlp(obs_dim + act_dim + embed_dim, hidden, layers, act_dim)
 
@@ -306,15 +217,14 @@ class Critic(nn.Module):
 
 
 # ---------------------------------------------------------------- The two objectives
-def sample_draws(
-    n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t, eps) draws per stored action: FPO t on {0, .1, ..., .9} (s = 1-t on {.1,...,1}), FPO++ t ~ U[t_min, t_max]."""
+def sample_draws(n: int, m: int, d: int, objective: str, t_min: float, t_max: float, device):
+    """(t, eps) draws per stored action: FPO t on {0, .1, ..., .9} (s = 1 - t on {.1, ..., 1}), FPO++ t ~ U[t_min,
+    t_max]."""
     if objective == "fpo":
-        return torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE, torch.randn(
-            n, m, d, device=device
-        )
-    return t_min + (t_max - t_min) * torch.rand(n, m, device=device), torch.randn(n, m, d, device=device)
+        t = torch.randint(0, FPO_GRID_SIZE, (n, m), device=device).float() / FPO_GRID_SIZE
+    else:
+        t = t_min + (t_max - t_min) * torch.rand(n, m, device=device)
+    return t, torch.randn(n, m, d, device=device)
 
 
 def draw_losses(
@@ -419,9 +329,9 @@ class State:
     sampler: object  # (obs, x0, steps) -> x in the rollout (fpo_utils.fast.pick_sampler)
     eval_sampler: object  # the same for the evaluated actor (the EMA copy if any)
     roll: dict  # the rollout's tensors (buffers, the environment's outputs, step counter ``k``), fixed addresses
-    act: object  # () -> None: rollout step k before the environment (policy_half, graphed on CUDA)
-    record: object  # () -> None: rollout step k after the environment (record_half, graphed on CUDA)
-    ema: FlowActor | None = None
+    ema: FlowActor | None = None  # the evaluated EMA copy of the actor (--actor-ema)
+    act: object = None  # () -> None: rollout step k before the environment (policy_half, graphed on CUDA)
+    record: object = None  # () -> None: rollout step k after the environment (record_half, graphed on CUDA)
     update: int = 0
     global_step: int = 0
     peak: tuple = (-math.inf, -1, -1)  # eq:peak: the best evaluation so far, its global step, its update
@@ -574,20 +484,9 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
     if args.objective == "fpo":
         pg_loss, ratio, _ = fpo_loss(b["l_old"], l_new, b["t"], adv, 1.0, args.clip_coef, w=b["w"])
     else:
-        pg_loss, ratio = fpopp_loss(
-            b["l_old"],
-            l_new,
-            b["t"],
-            adv.clamp(-args.adv_clamp, args.adv_clamp),
-            1.0,
-            args.clip_coef,
-            args.trust_region,
-            args.loss_clamp,
-            args.ratio_log_clamp,
-            args.t_min,
-            args.t_max,
-            w=b["w"],
-        )
+        adv = adv.clamp(-args.adv_clamp, args.adv_clamp)
+        clamps = (args.trust_region, args.loss_clamp, args.ratio_log_clamp, args.t_min, args.t_max)
+        pg_loss, ratio = fpopp_loss(b["l_old"], l_new, b["t"], adv, 1.0, args.clip_coef, *clamps, w=b["w"])
     return pg_loss, v_loss, ratio
 
 
@@ -600,17 +499,9 @@ def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Ten
     state.optimizer.step()
     with torch.no_grad():
         r = ratio.detach()
-        return torch.stack(
-            [
-                pg_loss.detach(),
-                v_loss.detach(),
-                r.mean(),
-                r.min(),
-                r.max(),
-                ((r - 1.0).abs() > args.clip_coef).float().mean(),
-                gn.to(r.dtype),
-            ]
-        ).float()
+        clipfrac = ((r - 1.0).abs() > args.clip_coef).float().mean()
+        row = [pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(), clipfrac, gn.to(r.dtype)]
+        return torch.stack(row).float()
 
 
 def uses_cuda_graph(state: State, args: Args) -> bool:
@@ -643,9 +534,8 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
         table = torch.stack(rows)
     stats = table.cpu().numpy().astype(np.float64)  # the update's one host read
     if not np.isfinite(stats[:, [0, 1, 6]]).all():
-        raise NonFiniteLoss(
-            f"non-finite {'loss' if not np.isfinite(stats[:, :2]).all() else 'gradient norm'} at update {state.update + 1}"
-        )
+        what = "loss" if not np.isfinite(stats[:, :2]).all() else "gradient norm"
+        raise NonFiniteLoss(f"non-finite {what} at update {state.update + 1}")
     out = {"minibatch_steps": stats.shape[0], **{k: float(stats[:, c].mean()) for c, k in enumerate(STAT_KEYS)}}
     out["ratio_min"], out["ratio_max"] = float(stats[:, 3].min()), float(stats[:, 4].max())
     return out
@@ -672,47 +562,22 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
 
 # ---------------------------------------------------------------- Setup, checkpoints and main
 def validate_args(args: Args) -> None:
-    for name in (
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "num_draws",
-        "flow_steps",
-        "eval_every",
-        "eval_episodes",
-        "block_size",
-        "episode_length",
-    ):
+    positive = "num_envs num_steps num_minibatches update_epochs num_draws flow_steps eval_every eval_episodes"
+    for name in positive.split() + ["block_size", "episode_length"]:
         if getattr(args, name) < 1:
             raise RunError(f"{name} must be at least 1, got {getattr(args, name)}")
+    steps, unroll = args.num_envs * args.num_steps, args.gae_unroll
+    schedule = (args.alpha_early, args.alpha_late) != (None, None)
     for bad, message in (
-        (
-            args.num_envs * args.num_steps < args.num_minibatches,
-            f"num_minibatches={args.num_minibatches}: at most num_envs x num_steps",
-        ),
-        (
-            not 0.0 <= args.t_min < args.t_max < 1.0,
-            f"t_min={args.t_min}, t_max={args.t_max}: need 0 <= t_min < t_max < 1",
-        ),
+        (steps < args.num_minibatches, f"num_minibatches={args.num_minibatches}: at most num_envs x num_steps"),
+        (not 0 <= args.t_min < args.t_max < 1, f"t_min={args.t_min}, t_max={args.t_max}: need 0 <= t_min < t_max < 1"),
         (not math.isfinite(args.action_bound), f"action_bound={args.action_bound}: must be finite (<= 0 disables)"),
-        (
-            args.clip_coef <= 0 or args.anneal_steps < 0,
-            f"clip_coef={args.clip_coef}, anneal_steps={args.anneal_steps}: need > 0, >= 0",
-        ),
+        (args.clip_coef <= 0, f"clip_coef={args.clip_coef}: must be > 0"),
+        (args.anneal_steps < 0, f"anneal_steps={args.anneal_steps}: must be >= 0"),
         (not 0.0 <= args.actor_ema < 1.0, f"actor_ema={args.actor_ema}: must be in [0, 1)"),
-        (
-            args.gae_unroll < 0 or (args.gae_unroll and args.num_steps % args.gae_unroll),
-            f"gae_unroll={args.gae_unroll}: must divide num_steps",
-        ),
-        (
-            args.gae_unroll and args.num_envs * args.num_steps // args.gae_unroll % args.num_minibatches,
-            "num_minibatches must divide the unrolls",
-        ),
-        (
-            args.k1 <= args.k0 and (args.alpha_early, args.alpha_late) != (None, None),
-            f"k1={args.k1}: must be > k0={args.k0}",
-        ),
+        (unroll < 0 or unroll and args.num_steps % unroll, f"gae_unroll={unroll}: must divide num_steps"),
+        (unroll and steps // unroll % args.num_minibatches, "num_minibatches must divide the unrolls"),
+        (schedule and args.k1 <= args.k0, f"k1={args.k1}: must be > k0={args.k0}"),
     ):
         if bad:
             raise RunError(message)
@@ -721,72 +586,39 @@ def validate_args(args: Args) -> None:
 
 def build_state(args: Args, device: torch.device) -> State:
     """Environments, networks, optimiser and normalisers for ``args`` (seed torch first)."""
-    envs = make_envs(
-        args.env_id,
-        args.num_envs,
-        segment_seed(args.seed, 0),
-        args.backend,
-        device,
-        args.env_threads,
-        args.episode_length,
-    )
-    actor = FlowActor(
-        envs.obs_dim,
-        envs.act_dim,
-        args.actor_hidden,
-        args.actor_layers,
-        args.time_embed_dim,
-        args.output_scale,
-        args.time_embed_base,
-    ).to(device)
-    critic = Critic(envs.obs_dim, args.critic_hidden, args.critic_layers, args.critic_act).to(device)
+    seed = segment_seed(args.seed, 0)
+    envs = make_envs(args.env_id, args.num_envs, seed, args.backend, device, args.env_threads, args.episode_length)
+    obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    embed = (args.time_embed_dim, args.output_scale, args.time_embed_base)
+    actor = FlowActor(obs_dim, act_dim, args.actor_hidden, args.actor_layers, *embed).to(device)
+    critic = Critic(obs_dim, args.critic_hidden, args.critic_layers, args.critic_act).to(device)
     for m in (m for net in (actor, critic) for m in net.modules() if isinstance(m, nn.Linear) and args.init == "lecun"):
         nn.init.uniform_(m.weight, -math.sqrt(3.0 / m.in_features), math.sqrt(3.0 / m.in_features))
         nn.init.zeros_(m.bias)
     # One optimiser over both networks (they share no parameters); the fused kernel does the step in one call.
-    optimizer = torch.optim.AdamW(
-        list(actor.parameters()) + list(critic.parameters()),
-        lr=args.learning_rate,
-        eps=args.adam_eps,
-        weight_decay=args.weight_decay,
-        fused=True,
-    )
+    params = list(actor.parameters()) + list(critic.parameters())
+    lr, eps, wd = args.learning_rate, args.adam_eps, args.weight_decay
+    optimizer = torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=wd, fused=True)
     actor.fast_forward = fused_forward(actor, args.fused and device.type == "cuda")  # the EMA copy keeps it
     ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
     evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
-    state = State(
-        envs,
-        actor,
-        critic,
-        optimizer,
-        RunningMeanStd((envs.obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None,
-        RunningMeanStd((), device) if args.norm_reward else None,
-        device,
-        pick_sampler(actor, device, graphs, True, args.fused),
-        pick_sampler(evaluated, device, graphs, False, args.fused),
-        rollout_tensors(args.num_envs, args.num_steps, envs.obs_dim, envs.act_dim, device),
-        None,
-        None,
-        ema,
-    )
-    state.act, state.record = lambda: policy_half(state, args), lambda: record_half(state, args)  # noqa: E731
+    obs_rms = RunningMeanStd((obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None
+    ret_rms = RunningMeanStd((), device) if args.norm_reward else None
+    sampler = pick_sampler(actor, device, graphs, True, args.fused)
+    eval_sampler = pick_sampler(evaluated, device, graphs, False, args.fused)
+    roll = rollout_tensors(args.num_envs, args.num_steps, obs_dim, act_dim, device)
+    state = State(envs, actor, critic, optimizer, obs_rms, ret_rms, device, sampler, eval_sampler, roll, ema)
+    state.act, state.record = partial(policy_half, state, args), partial(record_half, state, args)
     if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched
-        touched = lambda: [
-            *state.roll.values(),
-            *[v for m in (state.obs_rms, state.ret_rms) if m for v in vars(m).values()],
-        ]  # noqa: E731
+
+        def touched() -> list:
+            return [*roll.values(), *[v for m in (obs_rms, ret_rms) if m for v in vars(m).values()]]
+
         state.act, state.record = GraphedCall(state.act, touched), GraphedCall(state.record, touched)
     if args.scan_rollout and hasattr(envs, "scan_rollout"):  # Playground; None where statistics move during a rollout
-        state.scan = envs.scan_rollout(
-            actor,
-            state.obs_rms,
-            state.ret_rms,
-            args.flow_steps,
-            args.action_squash,
-            args.action_bound,
-            args.reward_scale,
-            args.fpopp_action_noise if args.objective == "fpopp" else 0.0,
-        )
+        noise = args.fpopp_action_noise if args.objective == "fpopp" else 0.0
+        squash_args = (args.action_squash, args.action_bound, args.reward_scale, noise)
+        state.scan = envs.scan_rollout(actor, obs_rms, ret_rms, args.flow_steps, *squash_args)
     return state
 
 
@@ -813,16 +645,15 @@ def load_checkpoint(ckpt, state: State) -> None:
 
 
 def default_run_name(args: Args) -> str:
-    value = (
-        current_alpha(args, 0)
-        if args.alpha_early is None and args.alpha_late is None
-        else f"{args.alpha_early}to{args.alpha_late}"
-    )
-    name = f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.objective}__{'alpha_eps' if args.objective == 'fpo' else 'alpha'}"
-    return args.run_name or f"{name}{value}__{args.preset}__{args.seed}"
+    fixed = args.alpha_early is None and args.alpha_late is None
+    value = current_alpha(args, 0) if fixed else f"{args.alpha_early}to{args.alpha_late}"
+    env = args.env_id.replace("/", "_").replace(":", "_")
+    alpha = "alpha_eps" if args.objective == "fpo" else "alpha"
+    return args.run_name or f"{env}__{args.objective}__{alpha}{value}__{args.preset}__{args.seed}"
 
 
 TAGS = {k: f"losses/{k}" for k in STAT_KEYS + ("lr", "minibatch_steps")}
+EPISODE_KEYS = ("episodic_return", "episodic_length", "episodes", "action_abs_mean", "action_abs_max")
 
 
 def main(args: Args) -> dict:
@@ -873,9 +704,8 @@ def main(args: Args) -> dict:
             curve[0].append(state.global_step)
             curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
-            print(
-                f"update={state.update} step={state.global_step} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}"
-            )
+            at = f"update={state.update} step={state.global_step}"
+            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
 
         if rf.resuming:
             load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
@@ -890,11 +720,8 @@ def main(args: Args) -> dict:
             rf.log(row, 0, TAGS)
             rf.save_checkpoint(checkpoint_payload(state))
         summary("running")
-        status, reason, need_reset = (
-            "finished",
-            "",
-            True,
-        )  # need_reset: restart the environments before the first rollout
+        status, reason = "finished", ""
+        need_reset = True  # restart the environments before the first rollout
         bar = rf.progress(num_updates, state.update)
         while state.update < num_updates:
             if need_reset or state.update % ckpt_every == 0:
@@ -931,10 +758,7 @@ def main(args: Args) -> dict:
                 "sps": batch_size / (t2 - t0),
                 "rollout_s": t1 - t0,
                 "update_s": t2 - t1,
-                **{
-                    k: batch[k]
-                    for k in ("episodic_return", "episodic_length", "episodes", "action_abs_mean", "action_abs_max")
-                },
+                **{k: batch[k] for k in EPISODE_KEYS},
                 **stats,
             }
             if state.update % args.eval_every == 0 or state.update == num_updates:

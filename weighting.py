@@ -889,13 +889,8 @@ class WeightingRule:
         self.weighting, self.bins, self.estimator, self.g = weighting, _check_bins(bins), estimator, g
         self.alpha_value, self.target = alpha, target
         self.schedule = Schedule(alpha_early, alpha_late, k0, k1)
-        self.eta, self.kappa, self.decay, self.refit_eta, self.refit_every = (
-            eta,
-            online_kappa,
-            online_decay,
-            refit_eta,
-            int(refit_every),
-        )
+        self.eta, self.kappa, self.decay = eta, online_kappa, online_decay
+        self.refit_eta, self.refit_every = refit_eta, int(refit_every)
         self.q_ref = (
             profile_probs(target_profile("x0", self.bins)) if q_ref is None else np.asarray(q_ref, dtype=np.float64)
         )

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything robot_fpo.py's GPU benchmarks need on a machine that has PyTorch and JAX with CUDA but
 # no package index, in one folder to carry there (~33 MB for CPython 3.12, x86-64):
-#   DIR/whl/               tyro and its small dependencies (wheels)
+#   DIR/whl/               tyro and its small dependencies, and pytest 9 (wheels)
 #   DIR/pg/site_*.tar.xz   Playground for this project and for the official FPO peer (playground_bundle.sh)
 #   DIR/envpool.tar.gz     envpool with only its MuJoCo families (gymnasium MuJoCo + DM Control), ~22 MB
 #   DIR/peers/             the official FPO peer and its runner, if PEERS (a folder like ../shared/peers) is given
 # There, from the repository root:  source benchmarks/gpu_setup.sh DIR   (sets OURS, PEERPATH)
+# or, for the GPU tests:             bash benchmarks/gpu_tests.sh DIR
 # Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_bundle.sh DIR [PYTHON_VERSION]}"); py=${2:-3.12}
@@ -13,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp $plat -d "$@"; }
 mkdir -p "$out/whl"
-get "$out/whl" tyro docstring-parser typeguard shtab
+get "$out/whl" tyro docstring-parser typeguard shtab pytest==9.2.0 "pluggy>=1.5" iniconfig
 bash "$here/playground_bundle.sh" "$out/pg" "$py"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 get "$tmp/whl" envpool==1.2.5 envpool-assets==0.3.0 dm-env optree gymnasium farama-notifications cloudpickle absl-py \

@@ -120,13 +120,8 @@ class PlaygroundVecEnv:
             )
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
-        self._env, self._keys, self._unpack_state, self._reset_fn, self._step_fn = (
-            b.env,
-            b.keys,
-            b.unpack,
-            b.reset,
-            b.step,
-        )
+        self._env, self._keys, self._unpack_state = b.env, b.keys, b.unpack
+        self._reset_fn, self._step_fn = b.reset, b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
         self.action_high = torch.ones(self.act_dim, device=self.device)
         n = num_envs

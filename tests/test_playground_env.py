@@ -123,6 +123,7 @@ def test_auto_reset_at_episode_length(env):
 
 
 def test_dlpack_hand_over_matches_a_numpy_copy(env):
+    import jax
     import jax.numpy as jnp
 
     acts = actions(7, env.act_dim, seed=1)
@@ -134,7 +135,7 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
     env.reset(3)
     state = env._state
     for a, got in zip(acts, via_dlpack):
-        state, packed = env._step_fn(state, jnp.asarray(a.numpy()))
+        state, packed = env._step_fn(state, jax.device_put(a.numpy(), env._jax_device))
         o, r, te, tr, info = unpack_step(torch.from_numpy(np.array(packed)), env.num_envs, env.obs_dim)  # host copy
         want = torch.cat([x.reshape(-1).float() for x in (o, r, te, tr, info["final_obs"])])
         assert torch.equal(got, want)
@@ -147,7 +148,7 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
         o, final, r, te, tr, _, _ = env_out_views(out, env.num_envs, env.obs_dim)
         assert torch.equal(got, torch.cat([o.reshape(-1), r, te, tr, final.reshape(-1)]))
     # zero-copy: the torch tensor reads the JAX buffer itself
-    x = jnp.arange(12, dtype=jnp.float32)
+    x = jnp.arange(12, dtype=jnp.float32, device=env._jax_device)  # the environment's device (the CPU here)
     t = env.to_torch(x)
     assert t.data_ptr() == x.unsafe_buffer_pointer() and torch.equal(t, torch.arange(12.0))
     src = torch.linspace(0, 1, 8)
@@ -231,8 +232,18 @@ def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
 
 
+@pytest.fixture
+def float32_matmul():
+    """Full float32 matrix products on CUDA during the test, the setting restored afterwards (by hand: pytest's
+    monkeypatch cannot undo a setattr on this torch attribute)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.mark.parametrize("objective,device", [("fpo", "cpu"), ("fpopp", "cpu"), ("fpo", "cuda")])
-def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeypatch):
+def test_scanned_rollout_matches_the_per_step_rollout(objective, device, float32_matmul):
     """--scan-rollout: the rollout as one JAX scan (a JAX copy of the sampler) gives the per-step path's batch:
     observations, actions, rewards, episode ends and sums, old losses and advantages, over two rollouts with
     episodes ending inside them and the observation statistics moving between them."""
@@ -244,7 +255,6 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, monkeyp
         pytest.skip(
             "needs a CUDA GPU for torch and JAX (the GPU path: DLPack hand-over, Triton sampler on the per-step side)"
         )
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sys.path.insert(0, ROOT)
     import robot_fpo as R
 

@@ -429,8 +429,8 @@ def test_action_squash_maps_into_the_box():
     x = torch.tensor([[0.0, 3.0], [-0.5, -10.0]], dtype=torch.float64)
     torch.testing.assert_close(R.squash(x, "tanh"), torch.tanh(x))
     torch.testing.assert_close(R.squash(x, "clip"), torch.tensor([[0.0, 1.0], [-0.5, -1.0]], dtype=torch.float64))
-    envs = make_envs("InvertedPendulum-v5", 2, 0, "gymnasium")  # box [-3, 3]: [-1, 1] is rescaled to it
-    np.testing.assert_allclose(envs._to_box(torch.tensor([[-1.0], [0.5]])), [[-3.0], [1.5]])
+    envs = make_envs("Pendulum-v1", 2, 0, "gymnasium")  # box [-2, 2]: [-1, 1] is rescaled to it
+    np.testing.assert_allclose(envs._to_box(torch.tensor([[-1.0], [0.5]])), [[-2.0], [1.0]])
     envs.close()
 
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every GPU test, on a GPU machine without a package index, from the repository root:
+#   bash benchmarks/gpu_tests.sh BUNDLE_DIR [LOG_DIR]
+# BUNDLE_DIR is the folder benchmarks/gpu_bundle.sh made (tyro, pytest 9, Playground, envpool). The test files
+# that hold GPU tests run whole, one pytest process each, side by side; LOG_DIR (default /tmp/gpu_tests) keeps
+# one log per file and versions.txt. Fails if a test fails or is skipped (with the bundle, all of them can run).
+set -uo pipefail
+bundle=${1:?usage: gpu_tests.sh BUNDLE_DIR [LOG_DIR]}
+logs=${2:-/tmp/gpu_tests}
+mkdir -p "$logs"
+source benchmarks/gpu_setup.sh "$bundle"
+export PYTHONPATH=$OURS PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 OMP_NUM_THREADS=2
+files=(tests/test_flow_triton.py tests/test_playground_env.py tests/test_robot_fpo.py tests/test_cifar_fpo.py)
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, jax, pytest, triton
+print('python', sys.version.split()[0], '| torch', torch.__version__, '| jax', jax.__version__, jax.default_backend(),
+      '| pytest', pytest.__version__, '| triton', triton.__version__)"
+} | tee "$logs/versions.txt"
+for f in "${files[@]}"; do
+  python3 -m pytest -q -rA -p no:cacheprovider "$f" > "$logs/$(basename "$f" .py).log" 2>&1 &
+done
+wait
+status=0
+for f in "${files[@]}"; do
+  log="$logs/$(basename "$f" .py).log"
+  echo "$f: $(tail -n 1 "$log")"
+  grep -q -E "^(FAILED|ERROR) |[0-9]+ (failed|error)" "$log" && status=1
+  if grep -E "^SKIPPED" "$log"; then status=1; fi  # with the bundle every test of these files can run
+done
+[ $status -eq 0 ] && echo "gpu tests: all passed, none skipped" || echo "gpu tests: FAILED (logs in $logs)"
+exit $status
