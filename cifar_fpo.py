@@ -4,7 +4,8 @@ ELBO losses (alg:cifar, app:cifar).
 Read top to bottom: the settings (`Args`, `PRESETS`), the few pieces an update uses, `setup`, then
 `train`, whose loop is Algorithm 1 with its steps numbered, followed by validation and stopping, and
 `main`. The generator is in fpo_utils/unet.py, the speed settings in fpo_utils/cifar_fast.py, the run
-folder in fpo_utils/runfolder.py and the weighting rules in weighting.py.
+folder in fpo_utils/runfolder.py, the argument checks in fpo_utils/settings.py and the weighting rules
+in weighting.py.
 
     python cifar_fpo.py --preset quick                  # a few minutes on a CPU
     python cifar_fpo.py --alpha -2                      # the paper's settings (app:cifar)
@@ -15,8 +16,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, List, Literal, Optional, Tuple, get_args, get_origin, get_type_hints
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ import torch
 from fpo_utils import cifar_fast
 from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision, to_device  # noqa: F401
 from fpo_utils.runfolder import RunFolder, cli
+from fpo_utils.settings import check_at_least, check_divisible, check_finite, check_literals, subset
 from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are this module's public API too)
     CONVENTIONS,
     DEFAULT_MODEL,
@@ -183,46 +185,19 @@ class Args:
 
 # A preset is a named set of defaults; "paper" is app:cifar exactly, "quick" a small CPU demonstration
 # (fewer and smaller batches, fewer sampling steps, a larger learning rate).
+# fmt: off
 PRESETS = {
     "paper": Args(),
-    "quick": Args(
-        preset="quick",
-        batch_size=32,
-        group_size=16,
-        mc_draws=4,
-        sample_steps=10,
-        num_updates=12,
-        learning_rate=1e-4,
-        val_every=3,
-        val_banks=1,
-        val_bank_size=64,
-        calib_bank_size=32,
-        fit_batch_size=32,
-        min_updates_before_stop=12,
-    ),
+    "quick": Args(preset="quick", batch_size=32, group_size=16, mc_draws=4, sample_steps=10, num_updates=12,
+                  learning_rate=1e-4, val_every=3, val_banks=1, val_bank_size=64, calib_bank_size=32,
+                  fit_batch_size=32, min_updates_before_stop=12),
 }
 # Settings --resume accepts with a new value; any other difference is refused.
 MAY_CHANGE = (
-    "num_updates",
-    "until",
-    "device",
-    "verbose",
-    "save_samples",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "checkpoint_every",
-    "runs_dir",
-    "run_name",
-    "resume",
+    "num_updates", "until", "device", "verbose", "save_samples", "track", "wandb_project_name", "wandb_entity",
+    "checkpoint_every", "runs_dir", "run_name", "resume",
 )
-
-
-def _choices(tp) -> Optional[tuple]:
-    if get_origin(tp) is Literal:
-        return get_args(tp)
-    lits = [a for a in get_args(tp) if get_origin(a) is Literal]
-    return get_args(lits[0]) + (None,) if lits else None
+# fmt: on
 
 
 def weighting_label(args: Args) -> str:
@@ -240,43 +215,17 @@ def weighting_label(args: Args) -> str:
 
 def resolve_args(args: Args) -> Args:
     """Check every argument (a bad value raises a one-line ValueError) and fill the derived defaults."""
-    for f in fields(Args):
-        allowed = _choices(get_type_hints(Args)[f.name])
-        if allowed is not None and getattr(args, f.name) not in allowed:
-            raise ValueError(
-                f"--{f.name.replace('_', '-')} {getattr(args, f.name)!r} is not one of "
-                f"{', '.join(str(a) for a in allowed if a is not None)}"
-            )
-    for name in ("alpha", "alpha_early", "alpha_late", "g", "eta", "online_kappa", "refit_eta", "learning_rate"):
-        if not math.isfinite(getattr(args, name)):
-            raise ValueError(f"--{name.replace('_', '-')} is {getattr(args, name)}; a finite number is required")
+    check_literals(args)  # every Literal field holds one of its choices
+    check_finite(args, ("alpha", "alpha_early", "alpha_late", "g", "eta", "online_kappa", "refit_eta", "learning_rate"))
     if args.g <= 0:
         raise ValueError(f"--g {args.g} must be > 0")
-    for name in (
-        "batch_size",
-        "group_size",
-        "mc_draws",
-        "sample_steps",
-        "val_every",
-        "val_banks",
-        "val_bank_size",
-        "calib_bank_size",
-        "fit_batch_size",
-        "bins",
-        "refit_every",
-        "coherence_draws",
-    ):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
-    if args.num_updates < 0:
-        raise ValueError(f"--num-updates {args.num_updates} must be >= 0")
+    check_at_least(args, ("batch_size", "group_size", "mc_draws", "sample_steps"), 1)
+    check_at_least(args, ("val_every", "val_banks", "val_bank_size", "calib_bank_size", "fit_batch_size"), 1)
+    check_at_least(args, ("bins", "refit_every", "coherence_draws"), 1)
+    check_at_least(args, ("num_updates",), 0)
     if args.group_size < 2:
         raise ValueError(f"--group-size {args.group_size} must be >= 2 (the group SD uses G-1)")
-    for name in ("batch_size", "fit_batch_size"):
-        if getattr(args, name) % args.group_size:
-            raise ValueError(
-                f"--{name.replace('_', '-')} {getattr(args, name)} is not divisible by --group-size {args.group_size}"
-            )
+    check_divisible(args, ("batch_size", "fit_batch_size"), by="group_size")
     if not 0 < args.clip_ratio < 1:
         raise ValueError(f"--clip-ratio {args.clip_ratio} must be in (0, 1)")
     if args.weighting == "schedule" and args.k1 < args.k0:
@@ -286,8 +235,7 @@ def resolve_args(args: Args) -> Args:
         checkpoint_every=args.checkpoint_every or args.val_every,
         reuse_old_losses=args.compile if args.reuse_old_losses is None else args.reuse_old_losses,
     )
-    if args.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 1")
+    check_at_least(args, ("checkpoint_every",), 1)
     if args.run_name is None:
         args = replace(args, run_name=f"{args.reward}__{weighting_label(args)}__{args.preset}__{args.seed}")
     return args
@@ -450,46 +398,16 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
         fused=paths.fused_adam or None,
     )  # app:cifar
     reward_fn = make_reward(
-        args.reward,
-        device=device,
-        classifier_path=args.classifier_path,
-        simclr_path=args.simclr_path,
-        clip_model=args.clip_model,
-        clip_pretrained=args.clip_pretrained,
+        args.reward, device=device, **subset(args, "classifier_path", "simclr_path", "clip_model", "clip_pretrained")
     )
     vgen = make_generator(args.seed, "validation")
     val_latents = torch.randn((args.val_banks * args.val_bank_size, 3, 32, 32), generator=vgen).to(device)
     rule = WeightingRule(
         args.weighting,
-        bins=args.bins,
-        alpha=args.alpha,
-        target=args.target,
-        alpha_early=args.alpha_early,
-        alpha_late=args.alpha_late,
-        k0=args.k0,
-        k1=args.k1,
-        eta=args.eta,
-        online_kappa=args.online_kappa,
-        online_decay=args.online_decay,
-        online_init=args.online_init,
-        refit_eta=args.refit_eta,
-        refit_every=args.refit_every,
-        estimator=args.estimator,
-        g=args.g,
+        **subset(args, "bins", "alpha", "target", "alpha_early", "alpha_late", "k0", "k1", "eta", "online_kappa"),
+        **subset(args, "online_decay", "online_init", "refit_eta", "refit_every", "estimator", "g"),
     )
-    run = Run(
-        args=args,
-        device=device,
-        net=net,
-        paths=paths,
-        optimizer=optimizer,
-        reward_fn=reward_fn,
-        convention=convention,
-        autocast=autocast,
-        rule=rule,
-        val_latents=val_latents,
-        history=[],
-    )
+    run = Run(args, device, net, paths, optimizer, reward_fn, convention, autocast, rule, val_latents, history=[])
     if rf is not None and rf.resuming:
         ckpt = rf.load_checkpoint(map_location="cpu")  # also restores every RNG state
         net.load_state_dict(ckpt["model"])
@@ -548,31 +466,16 @@ def should_stop(history: List[Dict[str, float]], args: Args) -> Optional[str]:
 # TensorBoard tags of the metrics (CleanRL's charts/ and losses/ groups); other keys go under charts/.
 TAGS = {
     "train_reward_mean": "charts/train_reward",
-    "loss": "losses/loss",
-    "clip_frac": "losses/clip_frac",
-    "ratio_mean": "losses/ratio_mean",
-    "ratio_max_dev": "losses/ratio_max_dev",
-    "grad_norm": "losses/grad_norm",
-    "velocity_loss": "losses/velocity_loss",
-    "a_k": "weighting/a_k",
-    "alpha": "weighting/alpha",
-    "c_x0": "weighting/c_x0",
-    "time_s": "perf/time_s",
-    "unix_time": "perf/unix_time",
+    **{k: f"losses/{k}" for k in ("loss", "clip_frac", "ratio_mean", "ratio_max_dev", "grad_norm", "velocity_loss")},
+    **{k: f"weighting/{k}" for k in ("a_k", "alpha", "c_x0")},
+    **{k: f"perf/{k}" for k in ("time_s", "unix_time")},
 }
 
 
 def checkpoint(run: Run, rf: RunFolder):
-    rf.save_checkpoint(
-        {
-            "k": run.k,
-            "model": run.net.state_dict(),
-            "optimizer": run.optimizer.state_dict(),
-            "weighting": run.rule.state_dict(),
-            "history": run.history,
-            "status": run.status,
-        }
-    )
+    """checkpoints/last.pt: the update counter, model, Adam, weighting state and validation history."""
+    parts = {"model": run.net.state_dict(), "optimizer": run.optimizer.state_dict(), "weighting": run.rule.state_dict()}
+    rf.save_checkpoint({"k": run.k, **parts, "history": run.history, "status": run.status})
 
 
 def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
@@ -620,9 +523,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
             if args.save_samples:
                 rf.save_images(images, f"update_{k:05d}")
             if args.verbose:
-                say(
-                    f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(h['val_reward'] for h in run.history):.4f}"
-                )
+                peak = max(h["val_reward"] for h in run.history)
+                say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {peak:.4f}")
             if not math.isfinite(val):
                 run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
                 break
@@ -705,15 +607,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
             run.optimizer.step()
             # online rules: fit on one fresh batch after update k, deployed at update k+1 (eq:online)
             if rule.wants_fit(k):
-                u, v, fit_reward = fit_coherence(
-                    net,
-                    run.reward_fn,
-                    args,
-                    make_generator(args.seed, "fit", k + 1),
-                    device,
-                    run.convention,
-                    run.autocast,
-                )
+                gen = make_generator(args.seed, "fit", k + 1)
+                u, v, fit_reward = fit_coherence(net, run.reward_fn, args, gen, device, run.convention, run.autocast)
                 metrics.update(fit_reward=fit_reward, **rule.observe(k, u, v))
         metrics.update(time_s=time.perf_counter() - t0, unix_time=time.time())
         rf.log(metrics, step=k, tags=TAGS)
@@ -736,16 +631,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
 def main(args: Args) -> Dict[str, Any]:
     """Run (or resume) one training run in `runs_dir/run_name`; returns its summary."""
     args = resolve_args(args)
-    rf = RunFolder(
-        args.runs_dir,
-        args.run_name,
-        asdict(args),
-        resume=args.resume,
-        may_change=MAY_CHANGE,
-        track=args.track,
-        wandb_project_name=args.wandb_project_name,
-        wandb_entity=args.wandb_entity,
-    )
+    tracking = subset(args, "track", "wandb_project_name", "wandb_entity")
+    rf = RunFolder(args.runs_dir, args.run_name, asdict(args), resume=args.resume, may_change=MAY_CHANGE, **tracking)
     with rf:
         run = setup(args, rf)
         print(
@@ -763,16 +650,9 @@ def main(args: Args) -> Dict[str, Any]:
                 )
             )
         else:
-            rf.log(
-                {
-                    "kind": "calibration",
-                    "update": -1,
-                    "c_x0": run.rule.c_ref,
-                    "bank_size": int(run.rule.bank_losses.shape[0]),
-                },
-                step=0,
-                tags=TAGS,
-            )
+            bank_size = int(run.rule.bank_losses.shape[0])
+            calibration = {"kind": "calibration", "update": -1, "c_x0": run.rule.c_ref, "bank_size": bank_size}
+            rf.log(calibration, step=0, tags=TAGS)
         result = train(run, rf)
     print(
         f"done: status {result['status']} ({result['stop_reason']}), peak {result['peak']} "
