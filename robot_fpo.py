@@ -40,7 +40,7 @@ class Args:
     ``fpopp`` (the official FPO++ defaults). What each preset takes from the official code, and what still differs:
     benchmarks/robot_results/README.md."""
 
-    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults (PRESETS below)
+    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults (PRESETS in robot_fpo.py)
     runs_dir: str = "runs"  # parent folder of the run folders
     run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
     seed: int = 1  # seed of the experiment
