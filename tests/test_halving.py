@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jsonl_records import read_jsonl, strip_times  # noqa: E402
+from test_robot_fpo import TINY_ROBOT  # noqa: E402
 
 import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
@@ -267,24 +268,7 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
 
 
 def test_robot_tournament(tmp_path):
-    train = replace(
-        robot_fpo.Args(),
-        env_id="InvertedPendulum-v5",
-        num_envs=4,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=2,
-        num_draws=4,
-        flow_steps=4,
-        actor_hidden=16,
-        actor_layers=2,
-        critic_hidden=16,
-        critic_layers=1,
-        eval_every=2,
-        eval_episodes=2,
-        cuda=False,
-        torch_threads=1,
-    )
+    train = replace(robot_fpo.Args(), **TINY_ROBOT)
     # rungs in environment steps: 2 and 4 updates of 4 x 32 steps
     spec = halving.RobotTournament(
         alphas=(1.0, 0.5),

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 ray = pytest.importorskip("ray")
 
 from jsonl_records import read_jsonl  # noqa: E402
+from test_robot_fpo import TINY_ROBOT  # noqa: E402
 
 import halving  # noqa: E402
 import robot_fpo  # noqa: E402
@@ -142,26 +143,7 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
 
 
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
-    train = replace(
-        robot_fpo.Args(),
-        env_id="InvertedPendulum-v5",
-        num_envs=4,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=2,
-        num_draws=4,
-        flow_steps=4,
-        actor_hidden=16,
-        actor_layers=2,
-        critic_hidden=16,
-        critic_layers=1,
-        eval_every=8,
-        eval_episodes=2,
-        total_timesteps=2048,
-        cuda=False,
-        torch_threads=1,
-        env_threads=1,
-    )
+    train = replace(robot_fpo.Args(), **{**TINY_ROBOT, "eval_every": 8}, total_timesteps=2048, env_threads=1)
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
     res = halving.run_grid(spec)
     assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1

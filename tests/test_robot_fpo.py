@@ -25,23 +25,29 @@ GRID = np.arange(1, 11) / 10.0
 TIME_KEYS = {"sps", "rollout_s", "update_s"}
 
 
+# A robot run small enough for the CPU tests (also used by the halving tests).
+TINY_ROBOT = dict(
+    env_id="InvertedPendulum-v5",
+    num_envs=4,
+    num_steps=32,
+    num_minibatches=2,
+    update_epochs=2,
+    num_draws=4,
+    flow_steps=4,
+    actor_hidden=16,
+    actor_layers=2,
+    critic_hidden=16,
+    critic_layers=1,
+    eval_every=2,
+    eval_episodes=2,
+    cuda=False,
+    torch_threads=1,
+)
+
+
 def tiny_args(tmp_path, **kw) -> R.Args:
     base = dict(
-        env_id="InvertedPendulum-v5",
-        num_envs=4,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=2,
-        num_draws=4,
-        flow_steps=4,
-        actor_hidden=16,
-        actor_layers=2,
-        critic_hidden=16,
-        critic_layers=1,
-        eval_every=2,
-        eval_episodes=2,
-        cuda=False,
-        torch_threads=1,
+        **TINY_ROBOT,
         runs_dir=str(tmp_path),
         run_name="run",
         seed=3,
