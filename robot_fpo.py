@@ -4,9 +4,10 @@ A CleanRL-style trainer (compare ``ppo_continuous_action.py``): a flow policy (M
 the noisy action and a time embedding; Euler sampling), a critic, GAE, vectorised environments (envpool, gymnasium
 or MuJoCo Playground: fpo_utils/envs.py). ``--objective fpo`` (eq:fpo-objective): weights INSIDE the exponent;
 ``--objective fpopp`` (eq:fpopp-objective): per-draw ratios, weights AFTER the exponential. ``t = 0`` noise, ``t = 1``
-action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``; x is stored, the environment gets tanh(x) (or x clipped). Every
-checkpoint restarts all environments from seeds of (seed, update), so ``--resume`` is exact (CPU); Ctrl-C stops
-there. Results and tuning history: benchmarks/robot_results/README.md.
+action, ``x_t = (1 - t) eps + t x``, ``u = x - eps``; x is stored, the environment gets tanh(x) (or x clipped).
+Episodes run on across updates; a checkpoint holds the environments' state where the backend gives it (Playground),
+so ``--resume`` is exact (CPU); elsewhere a resumed run restarts its environments. Ctrl-C stops at a checkpoint.
+Results and tuning history: benchmarks/robot_results/README.md.
 
     python robot_fpo.py --env-id CartpoleSwingup-v1 --objective fpopp --alpha 0.5
     python robot_fpo.py --preset fpo --env-id WalkerRun-v1 --alpha-eps 0.5
@@ -126,7 +127,8 @@ class Args:
     eval_episodes: int = 5  # fixed-seed evaluation episodes
     eval_seed: int = 10_000  # seed of the evaluation episodes
     eval_init: Literal["native", "zero", "random"] = "native"  # evaluation's initial noise (native: FPO random)
-    checkpoint_every: int = 0  # checkpoint (and restart the environments) every this many updates (0: eval_every)
+    checkpoint_every: int = 0  # checkpoint every this many updates (0: eval_every)
+    restart_every: int = 0  # restart every environment (fresh episodes) every this many updates (0: never)
     keep_checkpoints: bool = False  # also keep every checkpoint as checkpoints/update_NNNNNN.pt
 
 
@@ -574,6 +576,7 @@ def validate_args(args: Args) -> None:
         (not math.isfinite(args.action_bound), f"action_bound={args.action_bound}: must be finite (<= 0 disables)"),
         (args.clip_coef <= 0, f"clip_coef={args.clip_coef}: must be > 0"),
         (args.anneal_steps < 0, f"anneal_steps={args.anneal_steps}: must be >= 0"),
+        (args.restart_every < 0, f"restart_every={args.restart_every}: must be >= 0 (0: never)"),
         (not 0.0 <= args.actor_ema < 1.0, f"actor_ema={args.actor_ema}: must be in [0, 1)"),
         (unroll < 0 or unroll and args.num_steps % unroll, f"gae_unroll={unroll}: must divide num_steps"),
         (unroll and steps // unroll % args.num_minibatches, "num_minibatches must divide the unrolls"),
@@ -626,22 +629,31 @@ PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a 
 
 
 def checkpoint_payload(state: State) -> dict:
+    envs = state.envs.state_dict()  # None where the backend cannot give its simulator state
     return {
         **{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
+        "envs": envs and {"sim": envs, **{k: state.roll[k].cpu() for k in ("obs_in", "ret_acc")}},
         "update": state.update,
         "global_step": state.global_step,
         "peak": state.peak,
     }
 
 
-def load_checkpoint(ckpt, state: State) -> None:
-    """Restore a checkpoint (a path or a loaded payload) into ``state``; a captured graph is dropped."""
+def load_checkpoint(ckpt, state: State) -> bool:
+    """Restore a checkpoint (a path or a loaded payload) into ``state``; a captured graph is dropped.
+    Returns whether the environments' state was restored too (else they need a restart)."""
     ckpt = ckpt if isinstance(ckpt, dict) else torch.load(ckpt, map_location="cpu", weights_only=False)
     state.graph = None
     for key in PARTS:
         if getattr(state, key) is not None and ckpt.get(key) is not None:
             getattr(state, key).load_state_dict(ckpt[key])
     state.update, state.global_step, state.peak = int(ckpt["update"]), int(ckpt["global_step"]), tuple(ckpt["peak"])
+    if ckpt.get("envs") is None:
+        return False
+    state.envs.load_state_dict(ckpt["envs"]["sim"])
+    for k in ("obs_in", "ret_acc"):
+        state.roll[k].copy_(ckpt["envs"][k])
+    return True
 
 
 def default_run_name(args: Args) -> str:
@@ -707,8 +719,10 @@ def main(args: Args) -> dict:
             at = f"update={state.update} step={state.global_step}"
             print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
 
+        restored = rf.resuming and load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
+        if not restored:  # fresh episodes everywhere, seeded from (seed, update)
+            reset_envs(state, args.seed)
         if rf.resuming:
-            load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
             rf.truncate_metrics(lambda r: r["update"] <= state.update)
             evals = [
                 (r["global_step"], r["eval_return"]) for r in rf.read_metrics() if r.get("eval_return") is not None
@@ -721,12 +735,8 @@ def main(args: Args) -> dict:
             rf.save_checkpoint(checkpoint_payload(state))
         summary("running")
         status, reason = "finished", ""
-        need_reset = True  # restart the environments before the first rollout
         bar = rf.progress(num_updates, state.update)
         while state.update < num_updates:
-            if need_reset or state.update % ckpt_every == 0:
-                reset_envs(state, args.seed)
-                need_reset = False
             alpha = current_alpha(args, state.global_step)
             if args.anneal_lr:  # horizon total_timesteps, so a run continued in pieces follows one schedule
                 frac = state.update / max(1, (args.anneal_steps or args.total_timesteps) // batch_size)
@@ -765,6 +775,8 @@ def main(args: Args) -> dict:
                 do_eval(row)
             rf.log(row, state.global_step, TAGS)
             bar.update(1)
+            if args.restart_every and state.update % args.restart_every == 0:
+                reset_envs(state, args.seed)  # before the checkpoint, so a resumed run starts the same episodes
             if state.update % ckpt_every == 0 or state.update == num_updates:
                 rf.save_checkpoint(checkpoint_payload(state))
                 if args.keep_checkpoints:

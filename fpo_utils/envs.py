@@ -204,6 +204,10 @@ class _Base:
     def _t(self, x) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x, np.float32), device=self.device)
 
+    def state_dict(self) -> None:
+        """None: these backends cannot give their simulators' state, so a resumed run restarts them."""
+        return None
+
 
 class EnvpoolVecEnv(_Base):
     """envpool's pool in synchronous mode. envpool resets an environment one step after its episode

@@ -29,6 +29,7 @@ import os
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from fpo_utils.envs import unpack_step
@@ -186,6 +187,19 @@ class PlaygroundVecEnv:
         if ret_rms is not None or (obs_rms is not None and not obs_rms.batch_var):
             return None
         return ScanRollout(self, actor, obs_rms, flow_steps, squash, action_bound, reward_scale, action_noise)
+
+    def state_dict(self) -> dict:
+        """Every environment's simulator state (host copies of the packed arrays), for a checkpoint."""
+        if self._state is None:
+            raise RuntimeError("state_dict() before reset()")
+        return {"task": self.env_name, "arrays": [np.asarray(a) for a in self._state]}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Continue from a :meth:`state_dict` of environments of the same task, number and library versions."""
+        now = [(a.dtype, a.shape) for a in self._state]
+        if d["task"] != self.env_name or [(a.dtype, a.shape) for a in d["arrays"]] != now:
+            raise RunError(f"the checkpoint's environment state ({d['task']}) does not fit these {self.env_name} envs")
+        self._state = tuple(self._jax.device_put(a, self._jax_device) for a in d["arrays"])
 
     def close(self) -> None:
         self._state = None

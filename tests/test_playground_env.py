@@ -232,6 +232,54 @@ def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean"))
 
 
+def playground_args(tmp_path, **kw):
+    """robot_fpo.Args for a tiny CPU run: 4 CartpoleSwingup environments, 20-step episodes, 16 steps an update."""
+    from dataclasses import replace
+
+    import robot_fpo as R
+
+    tiny = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, num_draws=4, flow_steps=4)
+    small = dict(actor_hidden=16, critic_hidden=16, eval_every=2, eval_episodes=4, episode_length=20)
+    where = dict(backend="playground", env_id="CartpoleSwingup", cuda=False, runs_dir=str(tmp_path), run_name="run")
+    return replace(R.Args(), **{**tiny, **small, **where, **kw})
+
+
+def test_episodes_run_on_across_checkpoints_unless_restarted(tmp_path):
+    """20-step episodes, 16-step updates, a checkpoint every update: every environment ends its first episode
+    in update 2 (its second in update 3) when episodes run on, none ever does when each update restarts them."""
+    import robot_fpo as R
+
+    R.main(playground_args(tmp_path, num_updates=3, checkpoint_every=1))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["episodes"] for r in rows[1:]] == [0, 4, 4]  # episodes end at steps 20 and 40
+    R.main(playground_args(tmp_path, num_updates=3, checkpoint_every=1, restart_every=1, run_name="restarted"))
+    rows = read_jsonl(tmp_path / "restarted" / "metrics.jsonl")
+    assert [r["episodes"] for r in rows[1:]] == [0, 0, 0]
+
+
+def test_resume_continues_the_environments_exactly(tmp_path):
+    """Kill after update 3 (the checkpoint of update 2 kept), resume: the rows equal an uninterrupted run's,
+    episodes running on through the resume (the checkpoint holds the simulator state and the observation)."""
+    import shutil
+    from dataclasses import replace
+
+    import robot_fpo as R
+
+    timing = {"sps", "rollout_s", "update_s"}
+    R.main(playground_args(tmp_path / "a", num_updates=4))
+    ref = [{k: v for k, v in r.items() if k not in timing} for r in read_jsonl(tmp_path / "a/run/metrics.jsonl")]
+    part = playground_args(tmp_path / "b", num_updates=2)
+    R.main(part)
+    ckpt = tmp_path / "b" / "run" / "checkpoints" / "last.pt"
+    assert torch.load(ckpt, weights_only=False)["envs"]["sim"]["task"] == "CartpoleSwingup"
+    shutil.copy(ckpt, tmp_path / "saved.pt")
+    R.main(replace(part, num_updates=3, resume=True))
+    shutil.copy(tmp_path / "saved.pt", ckpt)
+    R.main(replace(part, num_updates=4, resume=True))
+    got = [{k: v for k, v in r.items() if k not in timing} for r in read_jsonl(tmp_path / "b/run/metrics.jsonl")]
+    assert got == ref and [r["episodes"] for r in got[1:]] == [0, 4, 4, 4]
+
+
 @pytest.fixture
 def float32_matmul():
     """Full float32 matrix products on CUDA during the test, the setting restored afterwards (by hand: pytest's

@@ -394,11 +394,13 @@ def read_rows(path):
 
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
-    full = tiny_args(tmp_path / "a", objective=objective, num_updates=4)
+    # envpool cannot save its simulators' state, so a resumed run restarts its environments: with restarts
+    # at the checkpoints (every 2 updates) the uninterrupted run restarts at the same points.
+    full = tiny_args(tmp_path / "a", objective=objective, num_updates=4, restart_every=2)
     R.main(full)
     ref = read_rows(tmp_path / "a" / "run" / "metrics.jsonl")
 
-    part = tiny_args(tmp_path / "b", objective=objective, num_updates=2)
+    part = tiny_args(tmp_path / "b", objective=objective, num_updates=2, restart_every=2)
     R.main(part)
     ckpt = tmp_path / "b" / "run" / "checkpoints" / "last.pt"
     shutil.copy(ckpt, tmp_path / "saved.pt")
@@ -680,7 +682,7 @@ def test_missing_backend_is_a_one_line_error(monkeypatch):
 def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, monkeypatch):
     import signal
 
-    full = tiny_args(tmp_path / "a", num_updates=4)
+    full = tiny_args(tmp_path / "a", num_updates=4, restart_every=2)  # restarts at the checkpoints (envpool)
     R.main(full)
     ref = read_rows(tmp_path / "a" / "run" / "metrics.jsonl")
     real, calls = R.collect_rollout, {"n": 0}
@@ -692,7 +694,7 @@ def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path, mo
         return real(state, args)
 
     monkeypatch.setattr(R, "collect_rollout", interrupted)
-    part = tiny_args(tmp_path / "b", num_updates=4)
+    part = tiny_args(tmp_path / "b", num_updates=4, restart_every=2)
     summary = R.main(part)
     assert summary["status"] == "interrupted" and summary["updates_done"] == 2  # the next checkpoint boundary
     monkeypatch.setattr(R, "collect_rollout", real)
