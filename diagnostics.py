@@ -1090,7 +1090,7 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
         state.update = 1_000_000 + cmd.seed * 1000 + i  # fresh environment seeds per batch
         robot_fpo.reset_envs(state, rargs.seed)
         batch = robot_fpo.collect_rollout(state, rargs)
-        obs, x, adv = batch["obs"], batch["x"], batch["adv"]
+        obs, x, adv = batch["obs"][..., state.obs_actor], batch["x"], batch["adv"]  # the actor's columns
         if rargs.objective == "fpo":  # first training minibatch, advantages standardised within it
             mb = max(2, obs.shape[0] // rargs.num_minibatches)
             idx = torch.randperm(obs.shape[0], generator=_generator(cmd.seed, 6, i))[:mb].to(device)

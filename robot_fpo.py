@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Literal
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, resolve_backend, segment_seed
+from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, observation_keys, resolve_backend, segment_seed
 from fpo_utils.fast import GraphedCall, GraphedStep, chunks, fused_forward, pick_sampler, rollout_tensors, unrolls
 from fpo_utils.runfolder import NonFiniteLoss, RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
@@ -37,11 +37,11 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 @dataclass
 class Args:
     """Flags. ``--preset`` picks a named set of defaults, later flags override: ``default`` (CPU scale: 64 environments
-    x 64 steps), ``fpo`` (the official FPO configuration, app:robotics; one update is one block of 983,040 steps) or
-    ``fpopp`` (the official FPO++ defaults). What each preset takes from the official code, and what still differs:
-    benchmarks/robot_results/README.md."""
+    x 64 steps), ``fpo`` (the official FPO configuration, app:robotics; one update is one block of 983,040 steps),
+    ``fpopp`` (the official FPO++ defaults) or ``fpopp-locomotion`` (their Spot velocity task, 1,024 envs x 96 steps).
+    What each takes from the official codes, and where it differs: benchmarks/robot_results/README.md."""
 
-    preset: Literal["default", "fpo", "fpopp"] = "default"  # named set of defaults (PRESETS in robot_fpo.py)
+    preset: Literal["default", "fpo", "fpopp", "fpopp-locomotion"] = "default"  # named set of defaults (PRESETS)
     runs_dir: str = "runs"  # parent folder of the run folders
     run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
     seed: int = 1  # seed of the experiment
@@ -62,6 +62,8 @@ class Args:
     num_envs: int = 64  # parallel environments
     env_threads: int = 0  # envpool threads (0: one per core)
     episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
+    obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)
+    obs_critic: str = ""  # dict observations: the critic's keys ("": privileged_state if present, else the actor's)
     norm_obs: bool = True  # running observation normalisation (app:robotics)
     obs_stats: Literal["step", "update"] = "step"  # statistics updated each step (CleanRL) or once per update (FPO)
     norm_reward: bool = True  # divide rewards by the running std of the discounted return (CleanRL)
@@ -152,6 +154,13 @@ PRESETS = {
         max_grad_norm=1.0, output_scale=1.0, action_bound=0.0, actor_ema=0.95, eval_every=15, eval_episodes=32,
     ),
 }
+# Official FPO++ Spot velocity task (app:robotics): FPO++ defaults, 32 epochs, 32 draws, value coef .5, actor 3 x 256,
+# critic 3 x 768, 1,500 updates of 4,096 envs x 24 steps; here 1,024 x 96 (the same 98,304 steps, for 16 CPU cores).
+PRESETS["fpopp-locomotion"] = replace(
+    PRESETS["fpopp"], preset="fpopp-locomotion", env_id="SpotFlatTerrainJoystick-v1", num_envs=1024, num_steps=96,
+    update_epochs=32, total_timesteps=1500 * 4096 * 24, num_draws=32, vf_coef=0.5, actor_hidden=256, critic_hidden=768,
+    critic_layers=3, critic_act="silu", eval_every=50, eval_episodes=10,
+)
 # Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
 MAY_CHANGE = (
     "total_timesteps", "num_updates", "resume", "track", "cuda", "cuda_graph", "compile", "fused", "scan_rollout",
@@ -209,13 +218,13 @@ class FlowActor(nn.Module):
         return x
 
 
-class Critic(nn.Module):
-    def __init__(self, obs_dim: int, hidden: int, layers: int, act: str = "tanh"):
+class Critic(nn.Module):  # a value MLP on its columns ``cols`` of the observation (privileged ones where there are)
+    def __init__(self, obs_dim: int, hidden: int, layers: int, act: str = "tanh", cols: slice = slice(None)):
         super().__init__()
-        self.net = mlp(obs_dim, hidden, layers, 1, act=nn.Tanh if act == "tanh" else nn.SiLU)
+        self.cols, self.net = cols, mlp(obs_dim, hidden, layers, 1, act=nn.Tanh if act == "tanh" else nn.SiLU)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs).squeeze(-1)
+        return self.net(obs[..., self.cols]).squeeze(-1)
 
 
 # ---------------------------------------------------------------- The two objectives
@@ -339,6 +348,7 @@ class State:
     peak: tuple = (-math.inf, -1, -1)  # eq:peak: the best evaluation so far, its global step, its update
     graph: GraphedStep | None = None  # the captured minibatch step (--cuda-graph), built on first use
     scan: object = None  # (roll, T) -> None: the rollout's T steps as one JAX program (--scan-rollout)
+    obs_actor: slice = field(default_factory=lambda: slice(None))  # the actor's columns (the critic's: critic.cols)
 
 
 def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, seeded from (seed, update)
@@ -353,7 +363,7 @@ def policy_half(state: State, args: Args) -> None:
     if state.obs_rms is not None and args.obs_stats == "step":
         state.obs_rms.update(r["obs_in"])
     o = normalize_obs(r["obs_in"], state.obs_rms)
-    x = state.sampler(o, r["noise"].index_select(0, k)[0], args.flow_steps).to(o.device)
+    x = state.sampler(o[:, state.obs_actor], r["noise"].index_select(0, k)[0], args.flow_steps).to(o.device)
     if args.objective == "fpopp" and args.fpopp_action_noise > 0:
         x = x + args.fpopp_action_noise * r["act_noise"].index_select(0, k)[0]
     if args.action_bound > 0:  # bounded stored actions (and old losses)
@@ -410,11 +420,11 @@ def collect_rollout(state: State, args: Args) -> dict:
     )
 
     with torch.no_grad():
-        flat_obs, flat_x = obs_buf.reshape(T * n, -1), act_buf.reshape(T * n, d)
+        flat_obs, flat_x, cols = obs_buf.reshape(T * n, -1), act_buf.reshape(T * n, d), state.obs_actor
         # Old per-draw losses, once for the batch with the rollout's (unchanged) policy.
         t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
         l_old = torch.cat(
-            [draw_losses(actor, flat_obs[s], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)]
+            [draw_losses(actor, flat_obs[s, cols], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)]
         )
         if args.obs_stats == "update" and state.obs_rms is not None:  # official FPO: new statistics from this
             rms = state.obs_rms  # rollout's observations, then every stored observation renormalised with them
@@ -482,7 +492,7 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
         adv, v_loss = b["adv"], ((state.critic(b["obs"]) - b["returns"]) ** 2).mean()
     if args.norm_adv and (args.objective == "fpo" or args.gae_unroll):
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    l_new = draw_losses(state.actor, b["obs"], b["x"], b["t"], b["eps"], args.objective)
+    l_new = draw_losses(state.actor, b["obs"][..., state.obs_actor], b["x"], b["t"], b["eps"], args.objective)
     if args.objective == "fpo":
         pg_loss, ratio, _ = fpo_loss(b["l_old"], l_new, b["t"], adv, 1.0, args.clip_coef, w=b["w"])
     else:
@@ -555,7 +565,7 @@ def evaluate(state: State, envs, args: Args, init: str) -> float:
     while not bool(finished.all()):
         o = normalize_obs(obs.to(state.device), state.obs_rms)
         x0 = (torch.zeros(n, d) if init == "zero" else torch.randn(n, d, generator=gen)).to(state.device)
-        x = state.eval_sampler(o, x0, args.flow_steps).to(state.device)
+        x = state.eval_sampler(o[:, state.obs_actor], x0, args.flow_steps).to(state.device)
         obs, reward, term, trunc, _ = envs.step(squash(x, args.action_squash))
         total += torch.where(finished, 0.0, reward.cpu().double())
         finished |= (term | trunc).cpu()
@@ -587,14 +597,20 @@ def validate_args(args: Args) -> None:
     resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
 
 
+def task_envs(args: Args, num_envs: int, seed: int, device: torch.device):  # actor / critic observation keys routed
+    obs_keys = (args.obs_actor, args.obs_critic)
+    return make_envs(args.env_id, num_envs, seed, args.backend, device, args.env_threads, args.episode_length, obs_keys)
+
+
 def build_state(args: Args, device: torch.device) -> State:
     """Environments, networks, optimiser and normalisers for ``args`` (seed torch first)."""
-    seed = segment_seed(args.seed, 0)
-    envs = make_envs(args.env_id, args.num_envs, seed, args.backend, device, args.env_threads, args.episode_length)
-    obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    envs = task_envs(args, args.num_envs, segment_seed(args.seed, 0), device)
+    obs_dim, act_dim, route = envs.obs_dim, envs.act_dim, envs.route
     embed = (args.time_embed_dim, args.output_scale, args.time_embed_base)
-    actor = FlowActor(obs_dim, act_dim, args.actor_hidden, args.actor_layers, *embed).to(device)
-    critic = Critic(obs_dim, args.critic_hidden, args.critic_layers, args.critic_act).to(device)
+    actor = FlowActor(route.actor_dim, act_dim, args.actor_hidden, args.actor_layers, *embed).to(device)
+    critic = Critic(route.critic_dim, args.critic_hidden, args.critic_layers, args.critic_act, route.obs_critic).to(
+        device
+    )
     for m in (m for net in (actor, critic) for m in net.modules() if isinstance(m, nn.Linear) and args.init == "lecun"):
         nn.init.uniform_(m.weight, -math.sqrt(3.0 / m.in_features), math.sqrt(3.0 / m.in_features))
         nn.init.zeros_(m.bias)
@@ -605,12 +621,14 @@ def build_state(args: Args, device: torch.device) -> State:
     actor.fast_forward = fused_forward(actor, args.fused and device.type == "cuda")  # the EMA copy keeps it
     ema = copy.deepcopy(actor).requires_grad_(False) if args.actor_ema > 0 else None
     evaluated, graphs = ema if ema is not None else actor, args.cuda_graph and device.type == "cuda"
+    # Per-column statistics: the actor's and the critic's columns each have their own (the official two normalisers).
     obs_rms = RunningMeanStd((obs_dim,), device, args.obs_stats == "update") if args.norm_obs else None
     ret_rms = RunningMeanStd((), device) if args.norm_reward else None
     sampler = pick_sampler(actor, device, graphs, True, args.fused)
     eval_sampler = pick_sampler(evaluated, device, graphs, False, args.fused)
     roll = rollout_tensors(args.num_envs, args.num_steps, obs_dim, act_dim, device)
     state = State(envs, actor, critic, optimizer, obs_rms, ret_rms, device, sampler, eval_sampler, roll, ema)
+    state.obs_actor = route.obs_actor
     state.act, state.record = partial(policy_half, state, args), partial(record_half, state, args)
     if graphs:  # each half replays as one captured graph; capturing restores what its warm-up touched
 
@@ -671,6 +689,7 @@ EPISODE_KEYS = ("episodic_return", "episodic_length", "episodes", "action_abs_me
 def main(args: Args) -> dict:
     """Train (or continue with ``--resume``) until ``num_updates``; return ``summary.json``'s content."""
     validate_args(args)
+    args = replace(args, **observation_keys(args.env_id, args.backend, args.obs_actor, args.obs_critic))  # args.json
     batch_size = args.num_envs * args.num_steps
     num_updates = args.num_updates or max(1, args.total_timesteps // batch_size)
     ckpt_every = args.checkpoint_every or args.eval_every
@@ -685,9 +704,7 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     with rf:
         state = build_state(args, device)
-        eval_envs = make_envs(
-            args.env_id, args.eval_episodes, args.eval_seed, args.backend, device, args.env_threads, args.episode_length
-        )
+        eval_envs = task_envs(args, args.eval_episodes, args.eval_seed, device)
         curve = ([], [])
 
         def summary(status: str, reason: str = "") -> dict:

@@ -41,7 +41,7 @@ from fpo_utils.envs import EnvpoolVecEnv, env_out_size  # noqa: E402
 
 @dataclass
 class BenchArgs:
-    preset: Literal["default", "fpo", "fpopp"] = "default"
+    preset: Literal["default", "fpo", "fpopp", "fpopp-locomotion"] = "default"
     """robot_fpo.py preset whose settings are benchmarked"""
     env_id: str = "HalfCheetah-v5"
     """task id"""

@@ -1,17 +1,26 @@
 """Vectorised environments for robot_fpo.py behind one torch-facing interface.
 
 Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act_dim``,
-``action_low``, ``action_high``, ``device``; methods ``reset``, ``step``, ``close``):
+``action_low``, ``action_high``, ``device``, ``route``; methods ``reset``, ``step``, ``close``):
 
-* ``envpool``: envpool's C++ thread pool, for its gymnasium MuJoCo ids (``Walker2d-v5``, ...) and
-  its DeepMind Control ids (``WalkerRun-v1``, ``CartpoleSwingup-v1``, ...). DM Control
-  observations come as a dict; they are flattened in sorted key order.
+* ``envpool``: envpool's C++ thread pool, for its gymnasium MuJoCo ids (``Walker2d-v5``, ...), its
+  DeepMind Control ids (``WalkerRun-v1``, ``CartpoleSwingup-v1``, ...) and its CPU ports of MuJoCo
+  Playground tasks (``SpotFlatTerrainJoystick-v1``, ``Go1JoystickFlatTerrain-v1``,
+  ``G1JoystickFlatTerrain-v1``, ...).
 * ``gymnasium``: gymnasium's in-process vector env, for any other continuous-action id (a user's
   own environment, registered or given as ``module:Name-v0``).
 * ``playground``: MuJoCo Playground's DM Control suite on the GPU (``fpo_utils.playground_env``,
   imported only when asked for).
 
 ``auto`` picks envpool for the ids envpool has (when it is installed), else gymnasium.
+
+Dict observations are routed (:class:`ObsRoute`): the actor reads some keys and the critic others,
+by default ``state`` and ``privileged_state`` where a task has both (MuJoCo Playground's asymmetric
+actor-critic: the critic also sees simulator quantities a robot cannot measure), else every key to
+both (DM Control), in sorted order on envpool and in the space's order on gymnasium (as its
+FlattenObservation). An environment's observation is one flat vector, the actor's
+keys then the critic's; ``route.obs_actor`` and ``route.obs_critic`` are their columns. A flat
+observation is read whole by both.
 
 ``reset(seed)`` starts every environment afresh, environment i from seed ``seed + i``; the same
 seed gives the same episodes. ``step(actions)`` takes a float32 tensor [N, act_dim] in [-1, 1]
@@ -34,6 +43,7 @@ import difflib
 import gc
 import importlib.util
 import os
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -42,7 +52,7 @@ import torch
 from fpo_utils.runfolder import RunError
 
 Backend = Literal["auto", "envpool", "gymnasium", "playground"]
-ENVPOOL_MODULES = ("envpool.mujoco.gym", "envpool.mujoco.dmc")  # MuJoCo v4/v5 and DM Control ids
+ENVPOOL_MODULES = ("envpool.mujoco.gym", "envpool.mujoco.dmc", "envpool.mujoco.playground")  # + Playground ports
 
 
 def envpool_ids() -> list[str]:
@@ -72,7 +82,9 @@ def resolve_backend(env_id: str, backend: Backend) -> str:
     if backend in ("auto", "envpool") and env_id in pool_ids:
         return "envpool"
     if backend == "envpool":
-        raise unknown_id(env_id, pool_ids, "envpool's MuJoCo and DM Control ids, e.g. CartpoleSwingup-v1, Walker2d-v5")
+        raise unknown_id(
+            env_id, pool_ids, "envpool's MuJoCo, DM Control and Playground ids, e.g. CartpoleSwingup-v1, Walker2d-v5"
+        )
     import gymnasium as gym
 
     if ":" not in env_id and env_id not in gym.registry:
@@ -87,6 +99,110 @@ def segment_seed(seed: int, update: int) -> int:
     return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
 
 
+# ---------------------------------------------------------------- Observation routing
+ASYMMETRIC = ("state", "privileged_state")  # MuJoCo Playground's actor and critic keys (its PPO's defaults)
+
+
+@dataclass(frozen=True)
+class ObsRoute:
+    """Which keys of a dict observation the actor and the critic read, and where they sit in the flat
+    observation the environments return: the actor's keys in their order, then the critic's unless they
+    are the actor's (then the critic reads the actor's columns). ``sizes`` maps each key to its flat size;
+    a flat observation has none, ``flat_dim`` columns and no keys."""
+
+    sizes: dict = field(default_factory=dict)
+    actor: tuple[str, ...] = ()
+    critic: tuple[str, ...] = ()
+    flat_dim: int = 0
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.actor + (() if self.critic == self.actor else self.critic)
+
+    @property
+    def obs_dim(self) -> int:
+        return sum(self.sizes[k] for k in self.columns) if self.sizes else self.flat_dim
+
+    @property
+    def obs_actor(self) -> slice:
+        """The actor's columns of the flat observation."""
+        return slice(0, sum(self.sizes[k] for k in self.actor) if self.sizes else self.flat_dim)
+
+    @property
+    def obs_critic(self) -> slice:
+        """The critic's columns (the actor's where it reads the same keys)."""
+        return self.obs_actor if self.critic == self.actor else slice(self.obs_actor.stop, self.obs_dim)
+
+    @property
+    def actor_dim(self) -> int:
+        return self.obs_actor.stop - self.obs_actor.start
+
+    @property
+    def critic_dim(self) -> int:
+        return self.obs_critic.stop - self.obs_critic.start
+
+    def flatten(self, obs) -> np.ndarray:
+        """[N, obs_dim] float32 from a batch of observations (an array, or a dict of arrays)."""
+        if not self.sizes:
+            return np.asarray(obs, np.float32).reshape(len(obs), -1)
+        n = len(obs[self.columns[0]])
+        return np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in self.columns], axis=1)
+
+
+def _keys(value: str, sizes: dict, flag: str, env_id: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in value.split(",") if k.strip())
+    for k in keys:
+        if k not in sizes:
+            raise RunError(f"{flag} {k!r} is not an observation key of {env_id}; allowed: {', '.join(sorted(sizes))}")
+    if len(set(keys)) < len(keys):
+        raise RunError(f"{flag} {value!r} names a key twice; allowed: {', '.join(sorted(sizes))}")
+    return keys
+
+
+def route_obs(space, env_id: str, actor: str = "", critic: str = "", sort_keys: bool = True) -> ObsRoute:
+    """The :class:`ObsRoute` of an observation space (a Box, a dict of Boxes, or None: flat, width unknown)
+    for ``--obs-actor`` / ``--obs-critic`` (comma-separated keys; empty: the task's default, see the module
+    docstring; "every key" in sorted order, or in the space's with ``sort_keys=False``, as gymnasium's
+    FlattenObservation). A key the observation lacks is a one-line RunError naming it and the keys allowed."""
+    if space is None or not hasattr(space, "keys"):
+        if actor or critic:
+            raise RunError(
+                f"--obs-actor {actor!r} / --obs-critic {critic!r}: {env_id} has a flat observation, "
+                "without keys; leave both empty"
+            )
+        return ObsRoute(flat_dim=0 if space is None else int(np.prod(space.shape)))
+    sizes = {k: int(np.prod(space[k].shape)) for k in space.keys()}
+    both = all(k in sizes for k in ASYMMETRIC)
+    every = tuple(sorted(sizes) if sort_keys else sizes)
+    actor_keys = _keys(actor, sizes, "--obs-actor", env_id) or (ASYMMETRIC[:1] if both else every)
+    critic_keys = _keys(critic, sizes, "--obs-critic", env_id) or (ASYMMETRIC[1:] if both else actor_keys)
+    return ObsRoute(sizes, actor_keys, critic_keys)
+
+
+def observation_space(env_id: str, backend: Backend = "auto"):
+    """The observation space the environments of ``env_id`` will have, read without building them
+    (gymnasium: one environment, closed at once); None for the playground backend (flat observations)."""
+    kind = resolve_backend(env_id, backend)
+    if kind == "envpool":
+        import envpool
+
+        return envpool.make_spec(env_id).observation_space
+    if kind == "gymnasium":
+        env = _gym_env(env_id)
+        space = env.observation_space
+        env.close()
+        return space
+    return None
+
+
+def observation_keys(env_id: str, backend: Backend = "auto", actor: str = "", critic: str = "") -> dict:
+    """``{"obs_actor": keys, "obs_critic": keys}``: the keys (comma-separated; empty for a flat observation)
+    that :func:`make_envs` routes for these flags, resolved before any environment is built."""
+    kind = resolve_backend(env_id, backend)
+    route = route_obs(observation_space(env_id, kind), env_id, actor, critic, sort_keys=kind == "envpool")
+    return {"obs_actor": ",".join(route.actor), "obs_critic": ",".join(route.critic)}
+
+
 def make_envs(
     env_id: str,
     num_envs: int,
@@ -95,11 +211,13 @@ def make_envs(
     device: str | torch.device = "cpu",
     threads: int = 0,
     episode_length: int = 1000,
+    obs_keys: tuple[str, str] = ("", ""),
 ):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
     ``threads`` is envpool's thread count (0: one per core, at most ``num_envs``);
-    ``episode_length`` is the time limit of the playground backend (the others use the id's own).
+    ``episode_length`` is the time limit of the playground backend (the others use the id's own);
+    ``obs_keys`` the actor's and the critic's keys of a dict observation (``route_obs``).
     """
     if num_envs < 1:
         raise RunError(f"num_envs must be at least 1, got {num_envs}")
@@ -110,10 +228,11 @@ def make_envs(
             raise RunError("the playground backend (fpo_utils/playground_env.py) is not part of this checkout")
         from fpo_utils.playground_env import PlaygroundVecEnv
 
+        route_obs(None, env_id, *obs_keys)  # its observations are flat: keys are an error
         return PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length)
     if kind == "envpool":
-        return EnvpoolVecEnv(env_id, num_envs, seed, device, threads)
-    return GymnasiumVecEnv(env_id, num_envs, seed, device)
+        return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
+    return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)
 
 
 def env_out_size(num_envs: int, obs_dim: int) -> int:
@@ -142,14 +261,6 @@ def unpack_step(flat: torch.Tensor, num_envs: int, obs_dim: int) -> tuple:
         trunc > 0.5,
         {"final_obs": final_obs, "episode_return": ep_ret, "episode_length": ep_len},
     )
-
-
-def flat_obs(obs) -> np.ndarray:
-    """[N, obs_dim] float32 from an array or a dict of arrays (keys in sorted order)."""
-    if isinstance(obs, dict):
-        n = len(next(iter(obs.values())))
-        return np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in sorted(obs)], axis=1)
-    return np.asarray(obs, np.float32).reshape(len(obs), -1)
 
 
 class _Base:
@@ -215,18 +326,17 @@ class EnvpoolVecEnv(_Base):
     A pool draws its episodes from the seed it was made with, so ``reset(seed)`` with a new seed
     rebuilds the pool (fast for MuJoCo ids; DM Control ids compile their model per environment)."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, device: torch.device, threads: int = 0):
+    def __init__(
+        self, env_id: str, num_envs: int, seed: int, device: torch.device, threads: int = 0, obs_keys=("", "")
+    ):
         import envpool
 
         self.env_id, self._envpool = env_id, envpool
         self._threads = min(num_envs, threads if threads > 0 else (os.cpu_count() or 1))
         self._pool, self._seed, self._fresh = None, None, False
+        self.route = route_obs(envpool.make_spec(env_id).observation_space, env_id, *obs_keys)
         self._make(num_envs, seed)
-        space = self._pool.observation_space
-        obs_dim = (
-            sum(int(np.prod(s.shape)) for s in space.values()) if hasattr(space, "keys") else int(np.prod(space.shape))
-        )
-        self._setup(self._pool.action_space, obs_dim, num_envs, device)
+        self._setup(self._pool.action_space, self.route.obs_dim, num_envs, device)
 
     def _make(self, num_envs: int, seed: int) -> None:
         if self._pool is not None:  # free the old pool before the new one is built
@@ -244,61 +354,72 @@ class EnvpoolVecEnv(_Base):
         self._fresh = False
         obs, _ = self._pool.reset()
         self._ret[:], self._len[:] = 0.0, 0
-        return self._t(flat_obs(obs))
+        return self._t(self.route.flatten(obs))
 
     def _step_host(self, actions: torch.Tensor) -> torch.Tensor:
         obs, reward, term, trunc, _ = self._pool.step(self._to_box(actions).astype(np.float32))
-        obs = flat_obs(obs)
+        obs = self.route.flatten(obs)
         final = obs
         done = np.nonzero(np.logical_or(term, trunc))[0]
         if len(done):
             final = obs.copy()
             new, _ = self._pool.reset(done.astype(np.int32))
-            obs[done] = flat_obs(new)
+            obs[done] = self.route.flatten(new)
         return self._out(obs, reward, term, trunc, final)
 
     def close(self) -> None:
         self._pool.close()
 
 
-class GymnasiumVecEnv(_Base):
-    """gymnasium's SyncVectorEnv with same-step auto-reset; dict observations are flattened."""
+def _gym_env(env_id: str):
+    """``gym.make(env_id)``; a dict observation with entries other than Boxes is flattened by gymnasium
+    (one-hot for discrete entries), a dict of Boxes is kept for :func:`route_obs`."""
+    import gymnasium as gym
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, device: torch.device):
+    try:
+        env = gym.make(env_id)
+    except (gym.error.Error, ModuleNotFoundError, AttributeError) as err:
+        raise RunError(f"env id {env_id!r} could not be made: {str(err).splitlines()[0]}") from None
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Dict) and not all(isinstance(s, gym.spaces.Box) for s in space.values()):
+        env = gym.wrappers.FlattenObservation(env)
+    return env
+
+
+def _batch(items: list):
+    """Per-environment observations (arrays, or dicts of arrays) as one batch."""
+    return {k: np.stack([x[k] for x in items]) for k in items[0]} if isinstance(items[0], dict) else np.stack(items)
+
+
+class GymnasiumVecEnv(_Base):
+    """gymnasium's SyncVectorEnv with same-step auto-reset; dict observations are routed (:class:`ObsRoute`)."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, device: torch.device, obs_keys=("", "")):
         import gymnasium as gym
 
         self.env_id = env_id
-
-        def thunk():
-            env = gym.make(env_id)
-            if isinstance(env.observation_space, gym.spaces.Dict):
-                env = gym.wrappers.FlattenObservation(env)
-            return env
-
-        try:
-            self._envs = gym.vector.SyncVectorEnv(
-                [thunk for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-            )
-        except (gym.error.Error, ModuleNotFoundError, AttributeError) as err:
-            raise RunError(f"env id {env_id!r} could not be made: {str(err).splitlines()[0]}") from None
+        self._envs = gym.vector.SyncVectorEnv(
+            [lambda: _gym_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
         space = self._envs.single_action_space
         if not isinstance(space, gym.spaces.Box):
             self._envs.close()
-        self._setup(space, int(np.prod(self._envs.single_observation_space.shape)), num_envs, device)
+        self.route = route_obs(self._envs.single_observation_space, env_id, *obs_keys, sort_keys=False)
+        self._setup(space, self.route.obs_dim, num_envs, device)
 
     def reset(self, seed: int) -> torch.Tensor:
         obs, _ = self._envs.reset(seed=[int(seed) + i for i in range(self.num_envs)])
         self._ret[:], self._len[:] = 0.0, 0
-        return self._t(flat_obs(obs))
+        return self._t(self.route.flatten(obs))
 
     def _step_host(self, actions: torch.Tensor) -> torch.Tensor:
         obs, reward, term, trunc, info = self._envs.step(self._to_box(actions))
-        obs = flat_obs(obs)
+        obs = self.route.flatten(obs)
         final = obs
         done = np.nonzero(np.logical_or(term, trunc))[0]
         if len(done):
             final = obs.copy()
-            final[done] = flat_obs(np.stack([info["final_obs"][i] for i in done]))
+            final[done] = self.route.flatten(_batch([info["final_obs"][i] for i in done]))
         return self._out(obs, reward, term, trunc, final)
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from fpo_utils.envs import unpack_step
+from fpo_utils.envs import ObsRoute, unpack_step
 from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
@@ -121,6 +121,7 @@ class PlaygroundVecEnv:
             )
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
+        self.route = ObsRoute(flat_dim=self.obs_dim)  # flat observations: actor and critic read all of them
         self._env, self._keys, self._unpack_state = b.env, b.keys, b.unpack
         self._reset_fn, self._step_fn = b.reset, b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
