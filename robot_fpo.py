@@ -608,9 +608,8 @@ def build_state(args: Args, device: torch.device) -> State:
     obs_dim, act_dim, route = envs.obs_dim, envs.act_dim, envs.route
     embed = (args.time_embed_dim, args.output_scale, args.time_embed_base)
     actor = FlowActor(route.actor_dim, act_dim, args.actor_hidden, args.actor_layers, *embed).to(device)
-    critic = Critic(route.critic_dim, args.critic_hidden, args.critic_layers, args.critic_act, route.obs_critic).to(
-        device
-    )
+    value_mlp = (args.critic_hidden, args.critic_layers, args.critic_act)
+    critic = Critic(route.critic_dim, *value_mlp, route.obs_critic).to(device)
     for m in (m for net in (actor, critic) for m in net.modules() if isinstance(m, nn.Linear) and args.init == "lecun"):
         nn.init.uniform_(m.weight, -math.sqrt(3.0 / m.in_features), math.sqrt(3.0 / m.in_features))
         nn.init.zeros_(m.bias)
@@ -651,9 +650,7 @@ def checkpoint_payload(state: State) -> dict:
     return {
         **{k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in PARTS},
         "envs": envs and {"sim": envs, **{k: state.roll[k].cpu() for k in ("obs_in", "ret_acc")}},
-        "update": state.update,
-        "global_step": state.global_step,
-        "peak": state.peak,
+        **{k: getattr(state, k) for k in ("update", "global_step", "peak")},
     }
 
 
@@ -707,21 +704,13 @@ def main(args: Args) -> dict:
         eval_envs = task_envs(args, args.eval_episodes, args.eval_seed, device)
         curve = ([], [])
 
-        def summary(status: str, reason: str = "") -> dict:
-            return rf.write_summary(
-                {
-                    "status": status,
-                    "updates_done": state.update,
-                    "peak": state.peak[0] if state.peak[2] >= 0 else None,
-                    "peak_update": state.peak[2],
-                    "peak_step": state.peak[1],
-                    "stop_reason": reason,
-                    "global_step": state.global_step,
-                    "env_id": args.env_id,
-                    "objective": args.objective,
-                    "device": str(device),
-                }
+        def summary(status: str, reason: str = "") -> dict:  # eq:peak: the best evaluation, its update and step
+            peak = dict(peak=state.peak[0] if state.peak[2] >= 0 else None, peak_update=state.peak[2])
+            where = dict(
+                global_step=state.global_step, env_id=args.env_id, objective=args.objective, device=str(device)
             )
+            row = dict(status=status, updates_done=state.update, **peak, peak_step=state.peak[1], stop_reason=reason)
+            return rf.write_summary({**row, **where})
 
         def do_eval(row: dict) -> None:
             row["eval_return"] = evaluate(state, eval_envs, args, eval_init)
@@ -741,10 +730,8 @@ def main(args: Args) -> dict:
             reset_envs(state, args.seed)
         if rf.resuming:
             rf.truncate_metrics(lambda r: r["update"] <= state.update)
-            evals = [
-                (r["global_step"], r["eval_return"]) for r in rf.read_metrics() if r.get("eval_return") is not None
-            ]
-            curve = (list(curve[0]) + [g for g, _ in evals], list(curve[1]) + [v for _, v in evals])
+            evals = [r for r in rf.read_metrics() if r.get("eval_return") is not None]
+            curve = ([r["global_step"] for r in evals], [r["eval_return"] for r in evals])
         else:
             row = {"update": 0, "global_step": 0, "alpha": current_alpha(args, 0)}
             do_eval(row)

@@ -11,4 +11,5 @@ tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp
 tar xzf "$_b/envpool.tar.gz" -C /tmp/ep
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
 export OURS=/tmp/site:/tmp/so:/tmp/ep/envpool_bundle
-export PEERPATH=/tmp/sp:$(realpath "$_b")/peers/fpo_playground/src:$(realpath "$_b")/peers/wandb_stub
+_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # peer_jax_compat: the peer's MJX on a newer JAX
+export PEERPATH=$_here/peer_jax_compat:/tmp/sp:$(realpath "$_b")/peers/fpo_playground/src:$(realpath "$_b")/peers/wandb_stub

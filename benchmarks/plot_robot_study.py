@@ -100,6 +100,8 @@ def load_run(folder: Path) -> dict | None:
         if early is not None
         else float(args.get("alpha_eps" if objective == "fpo" else "alpha", 1.0))
     )
+    if args.get("restart_every"):  # runs that restart their environments are their own group
+        alpha = f"{alpha}, restarts every {args['restart_every']}"
     bs = args.get("block_size") or BLOCK
     batch = args.get("num_envs", 1) * args.get("num_steps", 1)
     asked = args.get("num_updates") or max(1, args.get("total_timesteps", 0) // batch)
