@@ -269,3 +269,26 @@ def test_spot_fpopp_end_to_end_on_the_cpu(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
     assert "'stat'" in bad.stderr and "allowed: privileged_state, state" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (routed columns through the captured and fused paths)"
+)
+@pytest.mark.parametrize("fused", [False, True])
+def test_routed_columns_through_the_captured_and_fused_paths_on_gpu(tmp_path, fused):
+    """The actor's column slice feeds the captured rollout steps and the Triton sampler as it feeds the eager ones."""
+    args = replace(two_key_args(tmp_path), objective="fpopp", cuda=True, fused=fused)
+    out = []
+    for graph in (False, True):
+        a = replace(args, cuda_graph=graph)
+        torch.manual_seed(0)
+        state = R.build_state(a, torch.device("cuda"))
+        R.reset_envs(state, a.seed)
+        torch.manual_seed(1)
+        batch = R.collect_rollout(state, a)
+        out.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
+        stats = R.update(state, batch, a, 1.0)
+        assert np.isfinite([stats["pg_loss"], stats["v_loss"]]).all()
+        state.envs.close()
+    for key in out[0]:
+        torch.testing.assert_close(out[1][key], out[0][key], rtol=1e-5, atol=1e-5, msg=key)
