@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fpo_utils.envs import RunningMeanStd, make_envs, normalize_obs, observation_keys, resolve_backend, segment_seed
+from fpo_utils.envs import RunningMeanStd, env_settings, make_envs, normalize_obs, resolve_backend, segment_seed
 from fpo_utils.fast import GraphedCall, GraphedStep, chunks, fused_forward, pick_sampler, rollout_tensors, unrolls
 from fpo_utils.runfolder import NonFiniteLoss, RunError, RunFolder, cli
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
@@ -62,6 +62,7 @@ class Args:
     num_envs: int = 64  # parallel environments
     env_threads: int = 0  # envpool threads (0: one per core)
     episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
+    physics: Literal["auto", "jax", "warp"] = "auto"  # playground: MJX (jax) or MuJoCo Warp; auto: per task, measured
     obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)
     obs_critic: str = ""  # dict observations: the critic's keys ("": privileged_state if present, else the actor's)
     norm_obs: bool = True  # running observation normalisation (app:robotics)
@@ -598,8 +599,8 @@ def validate_args(args: Args) -> None:
 
 
 def task_envs(args: Args, num_envs: int, seed: int, device: torch.device):  # actor / critic observation keys routed
-    obs_keys = (args.obs_actor, args.obs_critic)
-    return make_envs(args.env_id, num_envs, seed, args.backend, device, args.env_threads, args.episode_length, obs_keys)
+    where, keys = (args.backend, device, args.env_threads, args.episode_length), (args.obs_actor, args.obs_critic)
+    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics)
 
 
 def build_state(args: Args, device: torch.device) -> State:
@@ -686,7 +687,7 @@ EPISODE_KEYS = ("episodic_return", "episodic_length", "episodes", "action_abs_me
 def main(args: Args) -> dict:
     """Train (or continue with ``--resume``) until ``num_updates``; return ``summary.json``'s content."""
     validate_args(args)
-    args = replace(args, **observation_keys(args.env_id, args.backend, args.obs_actor, args.obs_critic))  # args.json
+    args = replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
     batch_size = args.num_envs * args.num_steps
     num_updates = args.num_updates or max(1, args.total_timesteps // batch_size)
     ckpt_every = args.checkpoint_every or args.eval_every

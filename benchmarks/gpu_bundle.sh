@@ -5,9 +5,18 @@
 #   DIR/pg/site_*.tar.xz   Playground for this project and for the official FPO peer (playground_bundle.sh)
 #   DIR/envpool.tar.gz     envpool with only its MuJoCo families (gymnasium MuJoCo + DM Control), ~22 MB
 #   DIR/peers/             the official FPO peer and its runner, if PEERS (a folder like ../shared/peers) is given
+#   DIR/warp/              warp-lang for --physics warp, trimmed (no CPU kernels warp/bin/warp-clang.so, no
+#                          examples or tests: ~295 MB unpacked, ~83 MB as tar.xz), split into parts
+#                          warp.tar.xz.00, .01, ... of 30 MB, and warp.sha256 (of the joined archive). MuJoCo
+#                          Warp itself comes with mujoco 3.17 (mujoco/mjx/third_party/mujoco_warp, in site_ours).
+#                          One part fits beside the rest of DIR in a 64 MiB transfer, not all of them: the parts
+#                          travel in back-to-back calls to a machine that keeps /tmp, DIR/warp/ holding one part
+#                          (and warp.sha256) in each call, and each call's gpu_setup.sh copies its part to
+#                          /tmp/warp_parts/; once all are there it joins them with cat, checks the sum, unpacks.
+#                          WARP=0 leaves warp-lang out (--physics jax only).
 # There, from the repository root:  source benchmarks/gpu_setup.sh DIR   (sets OURS, PEERPATH)
 # or, for the GPU tests:             bash benchmarks/gpu_tests.sh DIR
-# Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer)
+# Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer, WARP=0)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_bundle.sh DIR [PYTHON_VERSION]}"); py=${2:-3.12}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,5 +38,15 @@ python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-ve
 import re; p = 'envpool/entry.py'; s = open(p).read()  # register only the MuJoCo families that are left
 open(p, 'w').write(re.sub(r'^import envpool\.(?!mujoco\.dmc\.|mujoco\.gym\.)\S+\.registration.*$', '', s, flags=re.M))")
 tar czf "$out/envpool.tar.gz" -C "$tmp" envpool_bundle
+if [ "${WARP:-1}" != 0 ]; then  # warp-lang, as Playground 0.2 pins it (warp-lang>=1.11)
+  get "$tmp/wwhl" warp-lang==1.19.0
+  python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp \
+    $plat --target "$tmp/warp_bundle" "$tmp"/wwhl/*.whl
+  rm -rf "$tmp/warp_bundle/warp/bin/warp-clang.so" "$tmp/warp_bundle/warp/examples" "$tmp/warp_bundle/warp/tests" "$tmp/wwhl"
+  rm -rf "$out/warp" && mkdir -p "$out/warp"
+  tar cf - -C "$tmp" warp_bundle | xz -T0 -6 | tee >(sha256sum | cut -d' ' -f1 > "$out/warp/warp.sha256") |
+    split -b 30000000 -d - "$out/warp/warp.tar.xz."
+  sleep 1; du -sh "$tmp/warp_bundle"; ls -l "$out/warp"
+fi
 if [ -n "${PEERS:-}" ]; then rm -rf "$out/peers" && cp -r "$PEERS" "$out/peers" && rm -rf "$out/peers/fpo_playground/.git"; fi
 du -sh "$out"

@@ -10,7 +10,7 @@ Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act
 * ``gymnasium``: gymnasium's in-process vector env, for any other continuous-action id (a user's
   own environment, registered or given as ``module:Name-v0``).
 * ``playground``: MuJoCo Playground's DM Control suite on the GPU (``fpo_utils.playground_env``,
-  imported only when asked for).
+  imported only when asked for), on MJX or MuJoCo Warp physics (:func:`resolve_physics`).
 
 ``auto`` picks envpool for the ids envpool has (when it is installed), else gymnasium.
 
@@ -203,6 +203,38 @@ def observation_keys(env_id: str, backend: Backend = "auto", actor: str = "", cr
     return {"obs_actor": ",".join(route.actor), "obs_critic": ",".join(route.critic)}
 
 
+def resolve_physics(env_id: str, backend: Backend = "auto", physics: str = "auto") -> str:
+    """The physics ``--physics`` gives ``env_id``: on the playground backend ``jax`` (MJX) or ``warp`` (MuJoCo
+    Warp), ``auto`` picked per task (``fpo_utils.playground_env.resolve_physics``); the other backends run
+    MuJoCo's C library and take ``auto`` only (kept as it is)."""
+    if resolve_backend(env_id, backend) == "playground":
+        return _playground().resolve_physics(env_id, physics)
+    if physics != "auto":
+        raise RunError(
+            f"--physics {physics!r} is for the playground backend (jax: MJX, warp: MuJoCo Warp); "
+            f"{env_id} runs on MuJoCo's C library, so use --physics auto"
+        )
+    return physics
+
+
+def env_settings(env_id: str, backend: Backend, obs_actor: str, obs_critic: str, physics: str) -> dict:
+    """The environment flags as :func:`make_envs` will use them, resolved before any environment is built (for a
+    run's args.json): ``obs_actor`` and ``obs_critic`` (:func:`observation_keys`) and ``physics``
+    (:func:`resolve_physics`). A bad value is a one-line RunError."""
+    return {
+        **observation_keys(env_id, backend, obs_actor, obs_critic),
+        "physics": resolve_physics(env_id, backend, physics),
+    }
+
+
+def _playground():
+    if importlib.util.find_spec("fpo_utils.playground_env") is None:
+        raise RunError("the playground backend (fpo_utils/playground_env.py) is not part of this checkout")
+    from fpo_utils import playground_env
+
+    return playground_env
+
+
 def make_envs(
     env_id: str,
     num_envs: int,
@@ -212,24 +244,23 @@ def make_envs(
     threads: int = 0,
     episode_length: int = 1000,
     obs_keys: tuple[str, str] = ("", ""),
+    physics: str = "auto",
 ):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
     ``threads`` is envpool's thread count (0: one per core, at most ``num_envs``);
     ``episode_length`` is the time limit of the playground backend (the others use the id's own);
-    ``obs_keys`` the actor's and the critic's keys of a dict observation (``route_obs``).
+    ``obs_keys`` the actor's and the critic's keys of a dict observation (``route_obs``);
+    ``physics`` the playground backend's physics (:func:`resolve_physics`).
     """
     if num_envs < 1:
         raise RunError(f"num_envs must be at least 1, got {num_envs}")
     device = torch.device(device)
     kind = resolve_backend(env_id, backend)
+    physics = resolve_physics(env_id, kind, physics)
     if kind == "playground":
-        if importlib.util.find_spec("fpo_utils.playground_env") is None:
-            raise RunError("the playground backend (fpo_utils/playground_env.py) is not part of this checkout")
-        from fpo_utils.playground_env import PlaygroundVecEnv
-
         route_obs(None, env_id, *obs_keys)  # its observations are flat: keys are an error
-        return PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length)
+        return _playground().PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length, physics)
     if kind == "envpool":
         return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
     return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)

@@ -1,4 +1,4 @@
-"""MuJoCo Playground's DM Control suite tasks (JAX/MJX physics) stepped from a torch trainer.
+"""MuJoCo Playground's DM Control suite tasks (MJX or MuJoCo Warp physics) stepped from a torch trainer.
 
 The physics runs in JAX on the device the trainer's tensors live on; observations, rewards and
 flags come back to torch, and actions go to JAX, through DLPack: both sides read the same memory,
@@ -28,6 +28,7 @@ import difflib
 import os
 import time
 from types import SimpleNamespace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -36,6 +37,17 @@ from fpo_utils.envs import ObsRoute, unpack_step
 from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
+Physics = Literal["auto", "jax", "warp"]
+PHYSICS_NAMES = {"jax": "MJX", "warp": "MuJoCo Warp"}
+# Seconds per block, (MJX, MuJoCo Warp): 2,048 environments, 480 steps of zero actions in one jitted lax.scan,
+# one H100, playground 0.2.0 with mujoco 3.17.0 (benchmarks/robot_results/README.md, "MJX or MuJoCo Warp").
+# Warp wins on the three tasks with contacts, MJX on the one without.
+BLOCK_S = {
+    "WalkerRun": (3.24, 2.58),
+    "CheetahRun": (0.409, 0.212),
+    "BallInCup": (1.86, 1.50),
+    "AcrobotSwingup": (0.066, 0.167),
+}
 
 
 def _import_jax_playground():
@@ -70,6 +82,22 @@ def check_task(env_name: str) -> None:
         raise RunError(f"unknown Playground task {env_name!r}: {hint}DM Control suite tasks are {', '.join(tasks)}")
 
 
+def resolve_physics(env_name: str, physics: str) -> str:
+    """``"jax"`` (MJX) or ``"warp"`` (MuJoCo Warp) for ``--physics`` on task ``env_name``. ``auto``: the faster
+    physics where :data:`BLOCK_S` measured the task; elsewhere MuJoCo Warp for a task with contacts (its
+    Playground config sizes a contact buffer, ``naconmax > 0``), MJX for one without, as measured."""
+    if physics not in ("auto", "jax", "warp"):
+        raise RunError(f"--physics {physics!r} is not one of auto, jax (MJX), warp (MuJoCo Warp)")
+    if physics != "auto":
+        return physics
+    check_task(env_name)
+    if env_name in BLOCK_S:
+        mjx_s, warp_s = BLOCK_S[env_name]
+        return "warp" if warp_s < mjx_s else "jax"
+    _, registry, _, _ = _import_jax_playground()
+    return "warp" if registry.get_default_config(env_name).get("naconmax", 0) > 0 else "jax"
+
+
 def jax_device_for(jax, device: torch.device):
     """The JAX device holding the same memory as torch `device` (same index among visible GPUs)."""
     if device.type == "cpu":
@@ -101,24 +129,31 @@ class PlaygroundVecEnv:
     into them.
     """
 
-    def __init__(self, env_name: str, num_envs: int, seed: int, device: torch.device, episode_length: int = 1000):
+    def __init__(
+        self,
+        env_name: str,
+        num_envs: int,
+        seed: int,
+        device: torch.device,
+        episode_length: int = 1000,
+        physics: Physics = "jax",
+    ):
         if num_envs < 1:
             raise RunError(f"num_envs must be at least 1, got {num_envs}")
         if episode_length < 1:
             raise RunError(f"episode_length must be at least 1, got {episode_length}")
         jax, registry, wrapper, brax_training = _import_jax_playground()
         check_task(env_name)
+        physics = resolve_physics(env_name, physics)
         import jax.numpy as jnp
 
         self._jax, self._jnp = jax, jnp
-        self.env_name, self.num_envs, self.episode_length = env_name, num_envs, episode_length
+        self.env_name, self.num_envs, self.episode_length, self.physics = env_name, num_envs, episode_length, physics
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device))
-        if key not in _BUILT:  # environments of the same shape share their compiled functions
-            _BUILT[key] = _build(
-                jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, self._jax_device
-            )
+        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device), physics)
+        if key not in _BUILT:  # environments of the same shape and physics share their compiled functions
+            _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, *key[:3], self._jax_device, physics)
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
         self.route = ObsRoute(flat_dim=self.obs_dim)  # flat observations: actor and critic read all of them
@@ -193,13 +228,18 @@ class PlaygroundVecEnv:
         """Every environment's simulator state (host copies of the packed arrays), for a checkpoint."""
         if self._state is None:
             raise RuntimeError("state_dict() before reset()")
-        return {"task": self.env_name, "arrays": [np.asarray(a) for a in self._state]}
+        return {"task": self.env_name, "physics": self.physics, "arrays": [np.asarray(a) for a in self._state]}
 
     def load_state_dict(self, d: dict) -> None:
-        """Continue from a :meth:`state_dict` of environments of the same task, number and library versions."""
+        """Continue from a :meth:`state_dict` of environments of the same task, physics, number and library
+        versions (a state saved before the physics was recorded is MJX's)."""
         now = [(a.dtype, a.shape) for a in self._state]
-        if d["task"] != self.env_name or [(a.dtype, a.shape) for a in d["arrays"]] != now:
-            raise RunError(f"the checkpoint's environment state ({d['task']}) does not fit these {self.env_name} envs")
+        saved = d.get("physics", "jax")
+        if d["task"] != self.env_name or saved != self.physics or [(a.dtype, a.shape) for a in d["arrays"]] != now:
+            raise RunError(
+                f"the checkpoint's environment state ({d['task']}, {PHYSICS_NAMES[saved]}) does not fit these "
+                f"{self.env_name} envs on {PHYSICS_NAMES[self.physics]}"
+            )
         self._state = tuple(self._jax.device_put(a, self._jax_device) for a in d["arrays"])
 
     def close(self) -> None:
@@ -307,13 +347,24 @@ _BUILT: dict = {}
 
 
 def _build(
-    jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device
+    jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics
 ) -> SimpleNamespace:
-    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device)."""
+    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics)."""
     config = registry.get_default_config(env_name)
+    if "impl" not in config and physics != "jax":
+        raise RunError(f"--physics {physics!r}: this Playground's {env_name} runs on MJX only; use --physics jax")
     if "impl" in config:
-        config.impl = "jax"  # MJX in JAX: no MuJoCo Warp (warp-lang) needed
-    base = registry.load(env_name, config=config)
+        config.impl = physics  # "jax": MJX, warp-lang is never imported; "warp": MuJoCo Warp
+    if physics == "warp":
+        _quiet_warp()
+    try:
+        base = registry.load(env_name, config=config)
+    except RuntimeError as err:  # MJX without warp-lang (or without a device warp can use)
+        if physics != "warp":
+            raise
+        raise RunError(f"--physics warp on {env_name}: {str(err).splitlines()[0]} (pip install warp-lang)") from None
+    if physics == "warp":
+        _no_iteration_warnings(base)
     if not isinstance(base.observation_size, int):
         raise RunError(
             f"Playground task {env_name!r} has structured observations {base.observation_size}; "
@@ -354,6 +405,30 @@ def _build(
         obs_dim=obs_dim,
         act_dim=act_dim,
     )
+
+
+def _quiet_warp() -> None:
+    """No start-up banner and no line per kernel module loaded from Warp (its default prints both)."""
+    try:
+        import warp
+    except ImportError:
+        return  # MJX says warp-lang is missing when the task is made
+    if hasattr(warp, "LOG_WARNING"):  # warp-lang >= 1.19
+        warp.config.log_level = warp.LOG_WARNING
+    else:
+        warp.config.quiet = True
+
+
+def _no_iteration_warnings(base) -> None:
+    """MuJoCo Warp prints a line whenever a world's constraint solver or line search stops at its iteration
+    limit (``opt.iterations``, ``opt.ls_iterations`` from the task's MJCF). MJX stops at the same limits silently,
+    and Playground's tasks set them low on purpose (1 for BallInCup: a warning at every contact step), so only
+    these two warnings are turned off; those for overflowing contact or constraint buffers stay."""
+    from mujoco.mjx.third_party.mujoco_warp._src.types import OverflowType
+
+    m = base._mjx_model  # every DM Control task keeps its MJX model here (``mjx_model`` reads it)
+    flags = int(m.opt._impl.warn_overflow) & ~int(OverflowType.ITERATIONS | OverflowType.LS_ITERATIONS)
+    base._mjx_model = m.replace(opt=m.opt.replace(_impl=m.opt._impl.replace(warn_overflow=flags)))
 
 
 def _state_packer(jax, jnp, example):

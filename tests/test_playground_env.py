@@ -38,6 +38,19 @@ def test_num_envs_below_one_is_refused():
         PlaygroundVecEnv("CartpoleSwingup", 0, 0, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("physics", ["warp", "jax"])
+def test_other_backends_refuse_a_physics(physics):
+    """--physics names MJX or MuJoCo Warp, which only the playground backend runs; elsewhere auto is kept."""
+    from fpo_utils.envs import env_settings, resolve_physics
+
+    with pytest.raises(RunError) as err:
+        resolve_physics("Pendulum-v1", "gymnasium", physics)
+    msg = str(err.value)
+    assert f"--physics {physics!r}" in msg and "playground" in msg and "auto" in msg and "\n" not in msg
+    assert err.value.code == EXIT_BAD_INPUT
+    assert env_settings("Pendulum-v1", "gymnasium", "", "", "auto")["physics"] == "auto"
+
+
 pg = pytest.importorskip(
     "mujoco_playground", reason="the playground extra is not installed (pip install -e '.[playground]')"
 )
@@ -71,6 +84,35 @@ def test_state_packer_round_trips_mixed_dtypes():
     assert jax.tree.structure(back) == jax.tree.structure(state)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+
+
+def test_physics_auto_follows_the_measured_table_then_contacts():
+    from fpo_utils.envs import env_settings
+    from fpo_utils.playground_env import BLOCK_S, resolve_physics
+
+    for task, (mjx_s, warp_s) in BLOCK_S.items():  # measured: the faster one
+        assert resolve_physics(task, "auto") == ("warp" if warp_s < mjx_s else "jax"), task
+    assert resolve_physics("WalkerRun", "auto") == "warp" and resolve_physics("AcrobotSwingup", "auto") == "jax"
+    # unmeasured: MuJoCo Warp where the task has contacts, MJX where it has none
+    assert [resolve_physics(t, "auto") for t in ("HopperHop", "FingerSpin", "CartpoleSwingup", "FishSwim")] == [
+        "warp",
+        "warp",
+        "jax",
+        "jax",
+    ]
+    assert resolve_physics("WalkerRun", "jax") == "jax" and resolve_physics("AcrobotSwingup", "warp") == "warp"
+    got = env_settings("CheetahRun", "playground", "", "", "auto")
+    assert got == {"obs_actor": "", "obs_critic": "", "physics": "warp"}
+
+
+@pytest.mark.parametrize("bad", ["mjx", "Warp", ""])
+def test_bad_physics_is_one_line(bad):
+    from fpo_utils.envs import make_envs
+
+    with pytest.raises(RunError) as err:
+        make_envs("CartpoleSwingup", 4, 0, "playground", physics=bad)
+    msg = str(err.value)
+    assert f"--physics {bad!r}" in msg and "auto, jax (MJX), warp (MuJoCo Warp)" in msg and "\n" not in msg
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +210,84 @@ def test_same_shape_shares_compiled_step_but_not_state(env):
     assert torch.equal(o_other, env.step(torch.zeros(4, 1))[0])
 
 
+@pytest.fixture(scope="module")
+def warp_env():
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    e = PlaygroundVecEnv(
+        "CartpoleSwingup", 4, seed=0, device=torch.device("cpu"), episode_length=EPISODE, physics="warp"
+    )
+    yield e
+    e.close()
+
+
+def test_physics_keys_the_compiled_functions(env, warp_env):
+    assert (env.physics, warp_env.physics) == ("jax", "warp")
+    assert env._key[:4] == warp_env._key[:4] and env._step_fn is not warp_env._step_fn
+    assert warp_env.obs_dim == env.obs_dim and warp_env.act_dim == env.act_dim
+
+
+def test_warp_state_round_trips_and_other_physics_is_refused(env, warp_env):
+    """A checkpoint's simulator state under MuJoCo Warp: saved mid-episode and loaded back, the environments
+    continue exactly; an MJX state is refused by Warp environments (and the other way round) in one line."""
+    acts = actions(2 * EPISODE, warp_env.act_dim, seed=4)
+    warp_env.reset(5)
+    for a in acts[:3]:
+        warp_env.step(a)
+    saved = warp_env.state_dict()
+    assert saved["physics"] == "warp"
+    first = [torch.cat([x.reshape(-1).float() for x in warp_env.step(a)[:4]]).clone() for a in acts[3:]]
+    warp_env.reset(6)  # elsewhere
+    warp_env.load_state_dict(saved)
+    again = [torch.cat([x.reshape(-1).float() for x in warp_env.step(a)[:4]]) for a in acts[3:]]
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    env.reset(5)
+    for src, dst in ((env, warp_env), (warp_env, env)):
+        with pytest.raises(RunError) as err:
+            dst.load_state_dict(src.state_dict())
+        assert "does not fit" in str(err.value) and "MuJoCo Warp" in str(err.value) and "\n" not in str(err.value)
+
+
+def physics_gap(task: str, steps: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Largest |MJX - MuJoCo Warp| over 4 environments at each step of one fixed action sequence, for the
+    observations and the rewards ([steps + 1] and [steps])."""
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    runs = []
+    for physics in ("jax", "warp"):
+        e = PlaygroundVecEnv(task, 4, seed=0, device=torch.device("cpu"), episode_length=1000, physics=physics)
+        obs, rew = [e.reset(seed).clone()], []
+        for a in actions(steps, e.act_dim, seed=seed):
+            o, r, *_ = e.step(a)
+            obs.append(o.clone())
+            rew.append(r.clone())
+        runs.append((torch.stack(obs), torch.stack(rew)))
+        e.close()
+    (o1, r1), (o2, r2) = runs
+    return (o1 - o2).abs().amax((1, 2)), (r1 - r2).abs().amax(1)
+
+
+def test_both_physics_give_the_same_cartpole():
+    """CartpoleSwingup under MJX and under MuJoCo Warp, 4 environments, 200 random actions (the pole swings
+    through several turns): the same Newton solver with the same settings, in float32 on two code paths,
+    so the states agree to float32 rounding that grows slowly (measured: largest observation gap 2.4e-7 at
+    the first step, 1.6e-6 at step 200, over values up to 2.8); 1e-4 bounds it with sixty times room."""
+    obs_gap, rew_gap = physics_gap("CartpoleSwingup", 200)
+    assert float(obs_gap.max()) < 1e-4 and float(rew_gap.max()) < 1e-4, (obs_gap.max(), rew_gap.max())
+
+
+def test_both_physics_give_the_same_walker_until_contacts_diverge():
+    """WalkerRun (feet on the floor: contacts, 2 solver iterations) under both physics, 4 environments, 10 random
+    actions. The two contact pipelines differ in float32 rounding and contact order, and a walker amplifies any
+    difference once its feet hit the ground: measured from two initial states, the largest observation gap is
+    2e-5 at step 1 and 1.7e-4 / 1.6e-3 at step 10 (over values up to 31), then 1.4 at step 20 and ~10 by step
+    50, where single episodes part ways (300-step returns within 2.2%). So the comparison holds for the first 10
+    steps, at 1e-2: six times the larger measured gap, a hundredth of the gap once episodes part."""
+    obs_gap, rew_gap = physics_gap("WalkerRun", 10)
+    assert float(obs_gap.max()) < 1e-2 and float(rew_gap.max()) < 1e-3, (obs_gap, rew_gap)
+
+
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
@@ -222,6 +342,7 @@ def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     run = tmp_path / "pg"
     args = json.loads((run / "args.json").read_text())
     assert (args["backend"], args["env_id"], args["episode_length"]) == ("playground", "CartpoleSwingup", 20)
+    assert args["physics"] == "jax"  # auto, resolved: CartpoleSwingup has no contacts
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["global_step"] == 128 and summary["updates_done"] == 2
     rows = read_jsonl(run / "metrics.jsonl")
@@ -290,11 +411,20 @@ def float32_matmul():
     torch.backends.cuda.matmul.allow_tf32 = before
 
 
-@pytest.mark.parametrize("objective,device", [("fpo", "cpu"), ("fpopp", "cpu"), ("fpo", "cuda")])
-def test_scanned_rollout_matches_the_per_step_rollout(objective, device, float32_matmul):
+@pytest.mark.parametrize(
+    "objective,device,physics",
+    [
+        ("fpo", "cpu", "jax"),
+        ("fpopp", "cpu", "jax"),
+        ("fpo", "cpu", "warp"),
+        ("fpo", "cuda", "jax"),
+        ("fpo", "cuda", "warp"),
+    ],
+)
+def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics, float32_matmul):
     """--scan-rollout: the rollout as one JAX scan (a JAX copy of the sampler) gives the per-step path's batch:
     observations, actions, rewards, episode ends and sums, old losses and advantages, over two rollouts with
-    episodes ending inside them and the observation statistics moving between them."""
+    episodes ending inside them and the observation statistics moving between them, on MJX and MuJoCo Warp."""
     from dataclasses import replace
 
     import jax
@@ -326,6 +456,7 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, float32
         action_bound=1.5,
         seed=2,
         fused=device == "cuda",
+        physics=physics,
     )
     runs = []
     for scan in (False, True):
