@@ -7,7 +7,7 @@ Commands::
     python halving.py cifar --rungs 20 40 80 --train.reward simclr
     python halving.py robot --alphas 0 .25 .5 1 --rungs 100 200 400 --train.env-id Walker2d-v5
     python halving.py cifar-grid --rewards edge simclr --seeds 1 2 3      # every run to the budget
-    python halving.py cifar-grid --pack 12                         # 12 runs batched in one process on one GPU
+    python halving.py cifar-grid --pack 12                         # 12 runs batched in one process, one GPU
     python halving.py robot-grid --env-ids Walker2d-v5 --alphas .5 1 --train.total-timesteps 1000000
     python halving.py cifar --ray-address auto --out-dir /shared/runs     # the same, on a Ray cluster
     python halving.py curves runs/acrobot_* --out acrobot.json      # run folders -> curves
@@ -294,7 +294,8 @@ class CifarGrid(Sweep):
     each writing its own run folder as it would alone and equal to it to float32 rounding. Runs pack when
     they share the settings in cifar_pack.SHARED (model, batch and group sizes, draws, Euler steps,
     optimiser, validation banks, device, precision): all runs of one grid do, whatever their reward, alpha
-    and seed. A pack is one arm task (--gpus-per-arm, --cpus-per-arm). 1: every run in its own task."""
+    and seed. fp32 or tf32 on CUDA (bf16 is refused there). A pack is one arm task (--gpus-per-arm,
+    --cpus-per-arm). 1: every run in its own task."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ on the weights).
 
 Prints one row per mode (ms per update of the whole pack, validation ms, ms per run-update amortised,
 run-updates per second and the ratio to the run alone); `--json PATH` writes the rows. A K that does
-not fit in memory is reported and skipped.
+not fit in memory (or a setting a pack does not take) is reported and skipped.
 """
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ def main(args: Args):
                 print(f"{mode} K={k}: {r['run_updates_per_s']:.2f} run-updates/s", flush=True)
             except torch.OutOfMemoryError:
                 print(f"{mode} K={k}: out of memory, skipped", flush=True)
+            except ValueError as err:  # a setting a pack does not take
+                print(f"{mode} K={k}: skipped ({err})", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     alone = next((r["run_updates_per_s"] for r in rows if r["mode"] == "alone"), None)

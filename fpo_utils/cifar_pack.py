@@ -25,6 +25,7 @@ value, Ctrl-C) with its final checkpoint and summary written; the others go on a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -36,6 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cifar_fpo
 from cifar_fpo import Args, Run, make_generator
@@ -72,6 +74,9 @@ SHARED = (
     "val_bank_size",
 )
 SHAPE = (3, 32, 32)
+# Images (samples x draws) per chunk of the loss's forward and backward pass: the paper configuration's
+# 64 x 4 per run gives 8 runs a chunk, about 32 GB of activations in FP32 for the shipped generator.
+LOSS_IMAGES = 2048
 
 
 def check_packable(args_list: Sequence[Args]) -> None:
@@ -118,6 +123,11 @@ class Pack:
             raise ValueError("a pack needs a network without dropout (its masks would come from the global RNG)")
         if len(list(net.buffers())):
             raise ValueError("a pack needs a network without buffers; this one has some")
+        if runs[0].autocast is not None and runs[0].device.type == "cuda":
+            raise ValueError(
+                "--precision bf16 cannot be packed on CUDA (the mapped attention's softmax backward refuses "
+                "mixed bf16/FP32 gradients); use fp32 or tf32"
+            )
         self.runs, self.folders = list(runs), list(folders)
         self.args, self.device = runs[0].args, runs[0].device
         self.convention, self.autocast = runs[0].convention, runs[0].autocast
@@ -161,12 +171,12 @@ class Pack:
     def _net(self, params):
         return lambda x, timestep: functional_call(self.template, params, (x, timestep))
 
-    def vmap(self, fn, *args):
-        """`fn` mapped over the run axis of every argument. Where an operation has no batched form
-        (attention on the CPU), vmap runs it run by run, correctly but slowly; it says so once per
-        call, which is silenced here."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
+    def vmap(self, fn, *args, differentiable: bool = False):
+        """`fn` mapped over the run axis of every argument. Attention takes PyTorch's math kernel where
+        the fused ones do not serve a mapped batch: on the CPU (no batched form) and under autograd
+        (on CUDA the fused backward refuses the stride of a mapped batch's log-sum-exp)."""
+        math_attention = differentiable or self.device.type == "cpu"
+        with sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext():
             return vmap(fn)(*args)
 
     def subset(self, slots: List[int]) -> Dict[str, torch.Tensor]:
@@ -181,19 +191,40 @@ class Pack:
             fn = lambda p, z: sample_images(self._net(p), z, steps, conv, autocast)  # noqa: E731
             return self.vmap(fn, self.params if params is None else params, latents)
 
-    def losses(self, x, t, eps) -> torch.Tensor:
+    def losses(self, params, x, t, eps) -> torch.Tensor:
         """`velocity_losses` for every run: endpoints (K, n, ...), times (K, n, M), noises (K, n, M, ...)."""
         conv, autocast = self.convention, self.autocast
         fn = lambda p, x, t, e: velocity_losses(self._net(p), x, t, e, conv, autocast)  # noqa: E731
-        return self.vmap(fn, self.params, x, t, eps)
+        return self.vmap(fn, params, x, t, eps, differentiable=True)
 
-    # --- step 8 per run: gradient-norm clip and Adam (torch.optim.Adam's arithmetic) ----------------
-    def backward(self, loss: torch.Tensor):
-        """Gradients of each run's own loss (the runs' losses are summed: each depends on its own slice)."""
+    # --- steps 6-8 per run: losses, objective, gradient; clip and Adam (torch.optim.Adam's arithmetic) -
+    def objective(self, x, t, eps, adv, mult) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each run's current and old losses on the same endpoints, times and noises, its clipped
+        objective (`cifar_fpo.fpo_loss`) and that objective's gradient, left in `grad`. Runs go through
+        in chunks of at most LOSS_IMAGES images, so the activations kept for the backward pass do not
+        grow with K. Returns the objectives (K,), ratios (K, n) and current losses (K, n, M), detached."""
+        args, k, n, m = self.args, *t.shape
+        size = max(1, LOSS_IMAGES // (n * m))
         self.grad.zero_()
-        with warnings.catch_warnings():  # the gradients are strided views of one buffer on purpose
-            warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
-            loss.sum().backward()
+        out = []
+        for a in range(0, k, size):
+            runs = slice(a, a + size)
+            params = self.params if size >= k else {name: p[runs] for name, p in self.params.items()}
+            l_new = self.losses(params, x[runs], t[runs], eps[runs])
+            if args.reuse_old_losses:
+                l_old = l_new.detach()
+            else:
+                with torch.no_grad():
+                    l_old = self.losses(params, x[runs], t[runs], eps[runs])
+            loss, ratio = vmap(cifar_fpo.fpo_loss, in_dims=(0, 0, 0, 0, None, None))(
+                l_old, l_new, adv[runs], mult[runs], args.clip_ratio, args.log_ratio_clip
+            )
+            with warnings.catch_warnings():  # the gradients are strided views of one buffer on purpose
+                warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+                loss.sum().backward()  # each run's objective depends on its own parameters only
+            out.append((loss.detach(), ratio.detach(), l_new.detach()))
+        loss, ratio, l_new = (torch.cat(parts) for parts in zip(*out))
+        return loss, ratio, l_new
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -401,19 +432,9 @@ def update(pack: Pack, summaries: Dict[str, Any]):
     )
     t, eps = pack.stage("t", [d[0] for d in draws]), pack.stage("eps", [d[1] for d in draws])
     mult = torch.stack([draw_multipliers(plan, d[0]).float() for plan, d in zip(plans, draws)]).to(device)
-    # 6: current and old losses on the same endpoints, times and noises
-    l_new = pack.losses(x, t, eps)
-    if args.reuse_old_losses:
-        l_old = l_new.detach()
-    else:
-        with torch.no_grad():
-            l_old = pack.losses(x, t, eps)
-    # 7: each run's clipped objective
-    loss, ratio = vmap(cifar_fpo.fpo_loss, in_dims=(0, 0, 0, 0, None, None))(
-        l_old, l_new, adv, mult, args.clip_ratio, args.log_ratio_clip
-    )
-    # 8: each run's gradient, clipped on its own norm; one host sync for every run's numbers
-    pack.backward(loss)
+    # 6-7: current and old losses on the same endpoints, times and noises; each run's clipped objective
+    # 8: and its gradient, clipped on the run's own norm; one host sync for every run's numbers
+    loss, ratio, l_new = pack.objective(x, t, eps, adv, mult)
     grad_norm = pack.clip_grad_norm_(args.max_grad_norm)
     values = vmap(cifar_fpo.update_values, in_dims=(0, 0, 0, 0, 0, None))(
         rewards, loss, ratio, l_new, grad_norm, args.clip_ratio

@@ -5,7 +5,8 @@ folders the single-run loop of cifar_fpo.py writes: the same files, metrics rows
 checkpoints. Everything that is not a floating-point number must be equal; numbers may differ by
 float32 rounding (a batched kernel adds in another order): metrics, summaries, validation histories and
 weighting states within RTOL = 1e-4 and ATOL = 1e-5 (measured on the CPU: at most 3e-6 absolute),
-Adam's moments within MOMENT_ATOL = 1e-6 (measured: 1e-7). Parameters get PARAM_ATOL = the learning
+Adam's moments within MOMENT_ATOL = 1e-5 (measured: 1e-7 on the CPU; on an H100, whose kernels do not
+give the same sums from one try to the next, once above 1e-6 in three tries). Parameters get PARAM_ATOL = the learning
 rate: where a gradient is at rounding level, Adam's normalised step (up to the learning rate in size)
 has a direction set by rounding (measured: at most 1.7e-4 after two updates at learning rate 1e-3;
 a wrong seed, weighting or step moves most parameters by about twice the learning rate).
@@ -33,7 +34,7 @@ import halving  # noqa: E402
 from fpo_utils import cifar_pack  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
-MOMENT_ATOL = 1e-6
+MOMENT_ATOL = 1e-5
 PARAM_ATOL = 1e-3  # the learning rate of the tiny_train fixture
 
 DEVICES = [
@@ -104,7 +105,8 @@ def assert_same_folder(alone: Path, packed: Path, sessions: int = 1):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device):
+def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device, monkeypatch):
+    monkeypatch.setattr(cifar_pack, "LOSS_IMAGES", 16)  # 2 runs per backward pass: chunks of 2, then 2 and 1
     alone = [run_args(tiny_train, tmp_path / "alone", name, device, **kw) for name, kw in RUNS.items()]
     for args in alone:
         cifar_fpo.main(args)
