@@ -888,6 +888,8 @@ def run_grid(spec) -> Dict[str, Any]:
         tasks = list(spec.rewards) or [base.reward]
         base = cifar_fpo.resolve_args(replace(base, weighting="fixed", target=None, seed=seeds[0], reward=tasks[0]))
         budget = base.num_updates
+        if pack > 1:
+            cifar_pack.check_packable([base])  # e.g. a precision a pack does not take on this device
     else:
         tasks = list(spec.env_ids) or [base.env_id]
         robot_fpo.validate_args(base)

@@ -115,7 +115,9 @@ def time_alone(args: Args, model: str, device) -> dict:
 
 def time_pack(args: Args, model: str, device, k: int) -> dict:
     """K runs as one pack through `cifar_pack.update` and `cifar_pack.validate`."""
-    runs = [cifar_fpo.setup(run_args(args, model, device, 20260724 + i, ALPHAS[i % len(ALPHAS)])) for i in range(k)]
+    settings = [run_args(args, model, device, 20260724 + i, ALPHAS[i % len(ALPHAS)]) for i in range(k)]
+    cifar_pack.check_packable([replace(cifar_fpo.resolve_args(a), run_name=f"run{i}") for i, a in enumerate(settings)])
+    runs = [cifar_fpo.setup(a) for a in settings]
     pack = cifar_pack.Pack(runs, [NullFolder() for _ in runs])
     cifar_pack.validate(pack)
     for _ in range(args.warmup):

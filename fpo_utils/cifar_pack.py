@@ -1,10 +1,11 @@
 """K image runs trained together: Algorithm 1 of cifar_fpo.py with a leading run axis on every tensor.
 
-A grid of small runs is launch-bound on a GPU: one update of the shipped 4.2M-parameter generator at
-batch 64 issues thousands of small kernels. A pack trains K runs in one process on one device and
-issues each kernel once for all of them. The K networks' parameters are stacked, (K, *shape), and the
-single-run functions (`sample_images`, `velocity_losses`, `fpo_loss`, `update_values`) are mapped over
-the run axis with `torch.func.vmap` through `torch.func.functional_call`.
+One update of a small run (the shipped 4.2M-parameter generator at batch 64) issues thousands of small
+kernels. A pack trains K runs in one process on one device and issues each kernel once for all of
+them: the K networks' parameters are stacked, (K, *shape), and the single-run functions
+(`sample_images`, `velocity_losses`, `fpo_loss`, `update_values`) are mapped over the run axis with
+`torch.func.vmap` through `torch.func.functional_call`. What that gains depends on the batched
+kernels (benchmarks/README.md, "Packed runs": in FP32 on an H100, nothing yet).
 
 A packed run computes what it computes alone, to float32 rounding (a batched kernel may add in
 another order), because everything that makes a run itself stays per run:
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import sys
 import time
@@ -41,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cifar_fpo
 from cifar_fpo import Args, Run, make_generator
-from fpo_utils.cifar_fast import eval_mode
+from fpo_utils.cifar_fast import eval_mode, pick_device
 from fpo_utils.runfolder import RunFolder
 from fpo_utils.unet import autocast_ctx, sample_images, velocity, velocity_losses
 from weighting import coherence_moments, draw_multipliers
@@ -80,7 +82,8 @@ LOSS_IMAGES = 2048
 
 
 def check_packable(args_list: Sequence[Args]) -> None:
-    """Raise a one-line ValueError unless the (resolved) runs can share one pack."""
+    """Raise a one-line ValueError unless the (resolved) runs can share one pack: the `SHARED` settings
+    agree, the run names differ, and the precision can be packed on the device."""
     first = args_list[0]
     for args in args_list[1:]:
         diff = [
@@ -93,6 +96,11 @@ def check_packable(args_list: Sequence[Args]) -> None:
     names = [a.run_name for a in args_list]
     if len(set(names)) != len(names):
         raise ValueError(f"runs of a pack need distinct run names, got {names}")
+    if first.precision == "bf16" and pick_device(first.device).type == "cuda":
+        raise ValueError(
+            "--precision bf16 cannot be packed on CUDA (the mapped attention's softmax backward refuses "
+            "mixed bf16/FP32 gradients); use fp32 or tf32"
+        )
 
 
 def groups(args_list: Sequence[Args], size: int) -> List[List[int]]:
@@ -123,11 +131,6 @@ class Pack:
             raise ValueError("a pack needs a network without dropout (its masks would come from the global RNG)")
         if len(list(net.buffers())):
             raise ValueError("a pack needs a network without buffers; this one has some")
-        if runs[0].autocast is not None and runs[0].device.type == "cuda":
-            raise ValueError(
-                "--precision bf16 cannot be packed on CUDA (the mapped attention's softmax backward refuses "
-                "mixed bf16/FP32 gradients); use fp32 or tf32"
-            )
         self.runs, self.folders = list(runs), list(folders)
         self.args, self.device = runs[0].args, runs[0].device
         self.convention, self.autocast = runs[0].convention, runs[0].autocast
@@ -273,15 +276,15 @@ class Pack:
         self.folders[s].save_checkpoint({"k": run.k, **parts, "history": run.history, "status": run.status})
 
 
-_THREADS: List[ThreadPoolExecutor] = []
+@functools.lru_cache(maxsize=None)
+def _threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
 
 
 def per_run(fn, items: list) -> list:
     """[fn(item) for item in items] on a few CPU threads (torch's random functions release the GIL).
     Each run draws from its own generators, so the order in which the runs are served changes nothing."""
-    if not _THREADS:
-        _THREADS.append(ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)))
-    return list(_THREADS[0].map(fn, items))
+    return list(_threads().map(fn, items))
 
 
 def flatten(tensors) -> torch.Tensor:

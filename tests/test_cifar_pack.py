@@ -164,6 +164,14 @@ def test_runs_pack_only_with_the_shared_settings(tiny_train):
     cifar_pack.check_packable([resolved[i] for i in (0, 2, 3, 4)])
 
 
+def test_bf16_packs_are_refused_on_cuda(tiny_train, monkeypatch):
+    monkeypatch.setattr(cifar_pack, "pick_device", lambda name: torch.device("cuda"))
+    args = cifar_fpo.resolve_args(replace(tiny_train, precision="bf16", device="auto"))
+    with pytest.raises(ValueError, match="--precision bf16 cannot be packed on CUDA.*use fp32 or tf32"):
+        cifar_pack.check_packable([args])
+    cifar_pack.check_packable([replace(args, precision="tf32")])
+
+
 def grid(tiny_train, out_dir, pack):
     spec = halving.CifarGrid(
         alphas=(0.0, -1.0),
