@@ -498,6 +498,76 @@ def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
     )
 
 
+def record_validation(run: Run, rf: RunFolder, val: float, images: torch.Tensor, say) -> bool:
+    """Validation node run.k: history, metrics row, curve and samples; returns True (and sets the
+    status) when the run ends here, on a non-finite reward or by the stopping rule."""
+    args, k = run.args, run.k
+    run.history.append({"update": k, "val_reward": val})
+    rf.log({"kind": "validation", "update": k, "val_reward": val}, step=k, tags={"val_reward": "charts/val_reward"})
+    updates, vals = [h["update"] for h in run.history], [h["val_reward"] for h in run.history]
+    rf.plot_curve(updates, vals, "update", f"validation reward ({args.reward})")
+    if args.save_samples:
+        rf.save_images(images, f"update_{k:05d}")
+    if args.verbose:
+        say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(vals):.4f}")
+    if not math.isfinite(val):
+        run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
+        return True
+    reason = should_stop(run.history, args)
+    if reason is not None:
+        run.status, run.stop_reason = "stopped", reason
+    return reason is not None
+
+
+def update_values(rewards, loss, ratio, l_new, grad_norm, clip_ratio: float) -> torch.Tensor:
+    """The numbers an update logs, as one tensor so that one host sync reads them all (`update_row`)."""
+    r = ratio.detach()
+    return torch.stack(
+        [
+            rewards.mean(),
+            rewards.std(),
+            loss.detach(),
+            r.mean(),
+            (r - 1).abs().max(),
+            ((r - 1).abs() > clip_ratio).float().mean(),
+            l_new.detach().mean(),
+            torch.isfinite(rewards).all().float(),
+            grad_norm.float(),
+        ]
+    )
+
+
+def update_row(k: int, values: List[float], rule: WeightingRule, plan) -> Tuple[Dict[str, Any], bool]:
+    """The metrics row of update k from `update_values`, and whether its Adam step may be taken (a
+    non-finite loss, reward or gradient ends the run instead)."""
+    finite_loss = math.isfinite(values[2]) and values[7] == 1.0
+    row = {
+        "kind": "update",
+        "update": k,
+        "train_reward_mean": values[0],
+        "train_reward_std": values[1],
+        "loss": values[2],
+        "ratio_mean": values[3],
+        "ratio_max_dev": values[4],
+        "clip_frac": values[5],
+        "velocity_loss": values[6],
+        "alpha": rule.alpha(k),
+        "a_k": float(plan.scale),
+        "q": [round(float(v), 6) for v in plan.q],
+        "grad_norm": values[8] if finite_loss else float("nan"),
+    }
+    return row, finite_loss and math.isfinite(values[8])
+
+
+def update_line(m: Dict[str, Any]) -> str:
+    """The status line printed after an update."""
+    return (
+        f"update {m['update']:4d}  reward {m['train_reward_mean']:.4f}  loss {m['loss']:+.5f}  |r-1|max "
+        f"{m['ratio_max_dev']:.4f}  clip {m['clip_frac']:.2f}  gnorm {m['grad_norm']:.3f}  a_k {m['a_k']:.3f}  "
+        f"{m['time_s']:.2f}s"
+    )
+
+
 def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     """Updates k = run.k .. min(until, num_updates) - 1 of Algorithm 1 (alg:cifar), with validation,
     stopping and checkpoints. Validation node k measures the model after k updates (k = 0: the initial
@@ -509,28 +579,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     while True:
         k = run.k
         if k % args.val_every == 0 and not any(h["update"] == k for h in run.history):
-            val, images = validate(run)
-            run.history.append({"update": k, "val_reward": val})
-            rf.log(
-                {"kind": "validation", "update": k, "val_reward": val}, step=k, tags={"val_reward": "charts/val_reward"}
-            )
-            rf.plot_curve(
-                [h["update"] for h in run.history],
-                [h["val_reward"] for h in run.history],
-                "update",
-                f"validation reward ({args.reward})",
-            )
-            if args.save_samples:
-                rf.save_images(images, f"update_{k:05d}")
-            if args.verbose:
-                peak = max(h["val_reward"] for h in run.history)
-                say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {peak:.4f}")
-            if not math.isfinite(val):
-                run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
-                break
-            reason = should_stop(run.history, args)
-            if reason is not None:
-                run.status, run.stop_reason = "stopped", reason
+            if record_validation(run, rf, *validate(run), say):
                 break
         if k % args.checkpoint_every == 0:
             checkpoint(run, rf)
@@ -572,37 +621,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
-        r = ratio.detach()
-        values = torch.stack(
-            [
-                rewards.mean(),
-                rewards.std(),
-                loss.detach(),
-                r.mean(),
-                (r - 1).abs().max(),
-                ((r - 1).abs() > args.clip_ratio).float().mean(),
-                l_new.detach().mean(),
-                torch.isfinite(rewards).all().float(),
-                grad_norm.float(),
-            ]
-        ).tolist()  # one host sync
-        finite_loss = math.isfinite(values[2]) and values[7] == 1.0
-        metrics = {
-            "kind": "update",
-            "update": k,
-            "train_reward_mean": values[0],
-            "train_reward_std": values[1],
-            "loss": values[2],
-            "ratio_mean": values[3],
-            "ratio_max_dev": values[4],
-            "clip_frac": values[5],
-            "velocity_loss": values[6],
-            "alpha": rule.alpha(k),
-            "a_k": float(plan.scale),
-            "q": [round(float(v), 6) for v in plan.q],
-            "grad_norm": values[8] if finite_loss else float("nan"),
-        }
-        finite = finite_loss and math.isfinite(values[8])
+        values = update_values(rewards, loss, ratio, l_new, grad_norm, args.clip_ratio).tolist()  # one host sync
+        metrics, finite = update_row(k, values, rule, plan)
         if finite:
             run.optimizer.step()
             # online rules: fit on one fresh batch after update k, deployed at update k+1 (eq:online)
@@ -618,42 +638,49 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
         run.k = k + 1
         bar.update(1)
         if args.verbose:
-            say(
-                f"update {k:4d}  reward {values[0]:.4f}  loss {values[2]:+.5f}  |r-1|max {values[4]:.4f}  "
-                f"clip {values[5]:.2f}  gnorm {values[8]:.3f}  a_k {plan.scale:.3f}  {metrics['time_s']:.2f}s"
-            )
+            say(update_line(metrics))
     bar.close()
     if run.status != "nonfinite":
         checkpoint(run, rf)
     return summary(run, rf)
 
 
+def open_folder(args: Args) -> RunFolder:
+    """The run folder of resolved `args`: a fresh one, or the folder `--resume` continues."""
+    tracking = subset(args, "track", "wandb_project_name", "wandb_entity")
+    return RunFolder(args.runs_dir, args.run_name, asdict(args), resume=args.resume, may_change=MAY_CHANGE, **tracking)
+
+
+def start(args: Args, rf: RunFolder) -> Run:
+    """`setup`, then the metrics file: a fresh run logs its calibration row, a resumed run drops the rows
+    written after its checkpoint (the re-run writes them again)."""
+    run = setup(args, rf)
+    print(
+        f"run {rf.path}  device {run.device}  model {args.model}  reward {args.reward}  weighting "
+        f"{weighting_label(args)}  C_x0 = S(q_x0) = {run.rule.c_ref:.8f}",
+        flush=True,
+    )
+    if rf.resuming:
+        done = {h["update"] for h in run.history}
+        rf.truncate_metrics(
+            lambda r: (
+                r["kind"] == "calibration"
+                or (r["kind"] == "update" and r["update"] < run.k)
+                or (r["kind"] == "validation" and r["update"] in done)
+            )
+        )
+    else:
+        bank_size = int(run.rule.bank_losses.shape[0])
+        calibration = {"kind": "calibration", "update": -1, "c_x0": run.rule.c_ref, "bank_size": bank_size}
+        rf.log(calibration, step=0, tags=TAGS)
+    return run
+
+
 def main(args: Args) -> Dict[str, Any]:
     """Run (or resume) one training run in `runs_dir/run_name`; returns its summary."""
     args = resolve_args(args)
-    tracking = subset(args, "track", "wandb_project_name", "wandb_entity")
-    rf = RunFolder(args.runs_dir, args.run_name, asdict(args), resume=args.resume, may_change=MAY_CHANGE, **tracking)
-    with rf:
-        run = setup(args, rf)
-        print(
-            f"run {rf.path}  device {run.device}  model {args.model}  reward {args.reward}  weighting "
-            f"{weighting_label(args)}  C_x0 = S(q_x0) = {run.rule.c_ref:.8f}",
-            flush=True,
-        )
-        if rf.resuming:  # drop the rows written after the checkpoint: the re-run writes them again
-            done = {h["update"] for h in run.history}
-            rf.truncate_metrics(
-                lambda r: (
-                    r["kind"] == "calibration"
-                    or (r["kind"] == "update" and r["update"] < run.k)
-                    or (r["kind"] == "validation" and r["update"] in done)
-                )
-            )
-        else:
-            bank_size = int(run.rule.bank_losses.shape[0])
-            calibration = {"kind": "calibration", "update": -1, "c_x0": run.rule.c_ref, "bank_size": bank_size}
-            rf.log(calibration, step=0, tags=TAGS)
-        result = train(run, rf)
+    with open_folder(args) as rf:
+        result = train(start(args, rf), rf)
     print(
         f"done: status {result['status']} ({result['stop_reason']}), peak {result['peak']} "
         f"at update {result['peak_update']}",

@@ -7,6 +7,7 @@ Commands::
     python halving.py cifar --rungs 20 40 80 --train.reward simclr
     python halving.py robot --alphas 0 .25 .5 1 --rungs 100 200 400 --train.env-id Walker2d-v5
     python halving.py cifar-grid --rewards edge simclr --seeds 1 2 3      # every run to the budget
+    python halving.py cifar-grid --pack 12                         # 12 runs batched in one process, one GPU
     python halving.py robot-grid --env-ids Walker2d-v5 --alphas .5 1 --train.total-timesteps 1000000
     python halving.py cifar --ray-address auto --out-dir /shared/runs     # the same, on a Ray cluster
     python halving.py curves runs/acrobot_* --out acrobot.json      # run folders -> curves
@@ -35,6 +36,12 @@ Grids (``cifar-grid``, ``robot-grid``)
     (CIFAR with its validation early stopping unless turned off). ``grid.json`` holds every run
     and the per-run peak table the paper reports (per task and exponent: each seed's peak,
     eq:peak, then the mean and sample SD over seeds); ``grid.md`` holds the table as Markdown.
+    ``--pack K`` trains up to K CIFAR runs that can be batched together (fpo_utils/cifar_pack.py:
+    the same model, batch, draws, Euler steps, optimiser and validation banks; a grid's runs differ
+    only in reward, alpha and seed, so all of them can) in one process on one device, every tensor
+    with a leading run axis. Each packed run writes its own run folder as it would alone, equal to
+    it to float32 rounding; a run that ends leaves its pack, and an interrupted pack keeps every run's
+    last checkpoint, so re-running the command continues it, packed or not.
 
 Arms as Ray tasks
     A segment of an arm (from its checkpoint up to a rung, or to the end for a grid) is one call of
@@ -115,6 +122,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
+from fpo_utils import cifar_pack
 from fpo_utils.runfolder import (
     CHECKPOINT,
     EXIT_BAD_INPUT,
@@ -281,6 +289,13 @@ class CifarGrid(Sweep):
     train: cifar_fpo.Args = field(default_factory=cifar_fpo.Args)
     """Settings shared by every run (budget --train.num-updates, early stopping, estimator, ...); the
     grid sets weighting=fixed, alpha, target, reward, seed, resume, run_name and runs_dir."""
+    pack: int = 1
+    """Runs trained together as one pack: in one process on one device, batched (fpo_utils/cifar_pack.py),
+    each writing its own run folder as it would alone and equal to it to float32 rounding. Runs pack when
+    they share the settings in cifar_pack.SHARED (model, batch and group sizes, draws, Euler steps,
+    optimiser, validation banks, device, precision): all runs of one grid do, whatever their reward, alpha
+    and seed. fp32 or tf32 on CUDA (bf16 is refused there). A pack is one arm task (--gpus-per-arm,
+    --cpus-per-arm). 1: every run in its own task."""
 
 
 @dataclass
@@ -351,13 +366,7 @@ def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = 
     its worker died resumes where the arm's last checkpoint left it. `pid_file` gets one line
     "host pid node" per attempt (Ray retries show up as extra lines)."""
     folder = Path(args.runs_dir) / args.run_name
-    if pid_file:
-        node = "-"
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            node = sys.modules["ray"].get_runtime_context().get_node_id()
-        Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
-        with open(pid_file, "a") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()} {node}\n")
+    _note_worker(pid_file)
     args = replace(args, resume=(folder / CHECKPOINT).exists())
     old = torch.get_num_threads()
     if threads > 0:
@@ -373,6 +382,48 @@ def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = 
     if state["status"] == "interrupted":
         raise ArmInterrupted(f"{args.run_name} interrupted at update {state['updates_done']}")
     return state
+
+
+def run_pack_segment(trainer: str, args_list, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
+    """Train the CIFAR arms of one pack together in this process (fpo_utils/cifar_pack.py), each continued
+    from its run folder's checkpoint as `run_segment` continues one arm; arms that already ended are left
+    out. Returns {"states": {arm: state}, "failed": {arm: reason}}: an arm that cannot start (a corrupt
+    checkpoint, say) is failed and the others train."""
+    _note_worker(pid_file)
+    todo = []
+    for args in args_list:
+        folder = Path(args.runs_dir) / args.run_name
+        if arm_state(folder, SCORE_KEY[trainer])["status"] not in FINAL:
+            todo.append(replace(args, resume=(folder / CHECKPOINT).exists()))
+    failed: Dict[str, str] = {}
+    old = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        if todo:
+            cifar_pack.main(todo, failures=failed)
+    finally:
+        torch.set_num_threads(old)
+    states = {
+        a.run_name: arm_state(Path(a.runs_dir) / a.run_name, SCORE_KEY[trainer])
+        for a in args_list
+        if a.run_name not in failed
+    }
+    stopped = [f"{name} at update {s['updates_done']}" for name, s in states.items() if s["status"] == "interrupted"]
+    if stopped:
+        raise ArmInterrupted(f"pack interrupted: {', '.join(stopped)}")
+    return {"states": states, "failed": failed}
+
+
+def _note_worker(pid_file: Optional[str]) -> None:
+    """Append "host pid node" to `pid_file` (one line per attempt: Ray retries show up as extra lines)."""
+    if pid_file:
+        node = "-"
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            node = sys.modules["ray"].get_runtime_context().get_node_id()
+        Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
+        with open(pid_file, "a") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()} {node}\n")
 
 
 def _reason(err: BaseException) -> str:
@@ -426,45 +477,53 @@ def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
 
 def _run_segments(jobs: List[Dict[str, Any]], spec, ray, resources: Dict[str, float]):
     """Run segments {"key", "trainer", "args", "pid_file"} as Ray tasks (all submitted at once, Ray
-    places them as resources free up) or one after another here. Returns ({key: arm state},
-    {key: failure reason})."""
+    places them as resources free up) or one after another here. A pack job also names its "arms" and
+    holds their args as a list (`run_pack_segment`). Returns ({arm: arm state}, {arm: failure reason})."""
     results: Dict[str, Dict[str, Any]] = {}
     failures: Dict[str, str] = {}
 
-    def done(key, state):
-        results[key] = state
-        print(f"  {key}: {state['status']} at update {state['updates_done']}", flush=True)
+    def done(job, result):
+        packed = result if "arms" in job else {"states": {job["key"]: result}, "failed": {}}
+        for key, state in packed["states"].items():
+            results[key] = state
+            print(f"  {key}: {state['status']} at update {state['updates_done']}", flush=True)
+        for key, reason in packed["failed"].items():
+            failed(job, reason, [key])
 
-    def failed(key, reason):
-        failures[key] = reason
-        print(f"  {key}: FAILED ({reason})", flush=True)
+    def failed(job, reason, keys=None):
+        for key in keys or job.get("arms", [job["key"]]):
+            failures[key] = reason
+            print(f"  {key}: FAILED ({reason})", flush=True)
 
     if ray is None:
         for job in jobs:
+            segment = run_pack_segment if "arms" in job else run_segment
             try:
-                done(job["key"], run_segment(job["trainer"], job["args"], spec.threads, job["pid_file"]))
+                done(job, segment(job["trainer"], job["args"], spec.threads, job["pid_file"]))
             except ArmInterrupted:
                 raise KeyboardInterrupt from None  # Ctrl-C here: stop the sweep (re-run to continue)
             except Exception as err:  # a failing arm does not stop the sweep
-                failed(job["key"], _reason(err))
+                failed(job, _reason(err))
         return results, failures
     import halving as module  # so that workers import run_segment by name, also when this file is __main__
 
-    task = ray.remote(module.run_segment).options(
-        max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted], **resources
-    )
-    refs = {task.remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job["key"] for job in jobs}
+    options = dict(max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted], **resources)
+    tasks = {False: ray.remote(module.run_segment).options(**options)}
+    tasks[True] = ray.remote(module.run_pack_segment).options(**options)
+    refs = {
+        tasks["arms" in job].remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job for job in jobs
+    }
     pending = list(refs)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            key = refs[ready[0]]
+            job = refs[ready[0]]
             try:
-                done(key, ray.get(ready[0]))
+                done(job, ray.get(ready[0]))
             except ray.exceptions.RayTaskError as err:  # the trainer raised
-                failed(key, _reason(getattr(err, "cause", None) or err))
+                failed(job, _reason(getattr(err, "cause", None) or err))
             except ray.exceptions.RayError as err:  # the worker died more than max_retries times, ...
-                failed(key, f"{_reason(err)} (after {spec.max_retries} retries)")
+                failed(job, f"{_reason(err)} (after {spec.max_retries} retries)")
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref)
@@ -821,11 +880,16 @@ def run_grid(spec) -> Dict[str, Any]:
     if not isinstance(spec, (CifarGrid, RobotGrid)):
         raise ValueError("run_grid takes a CifarGrid or RobotGrid; tournaments go to run_tournament")
     alphas, seeds = _check_common(spec)
+    pack = getattr(spec, "pack", 1)
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+        raise ValueError(f"--pack {pack!r} is not allowed: give the runs per pack, a whole number >= 1 (1: no packs)")
     base = spec.train
     if trainer == "cifar":
         tasks = list(spec.rewards) or [base.reward]
         base = cifar_fpo.resolve_args(replace(base, weighting="fixed", target=None, seed=seeds[0], reward=tasks[0]))
         budget = base.num_updates
+        if pack > 1:
+            cifar_pack.check_packable([base])  # e.g. a precision a pack does not take on this device
     else:
         tasks = list(spec.env_ids) or [base.env_id]
         robot_fpo.validate_args(base)
@@ -864,6 +928,9 @@ def run_grid(spec) -> Dict[str, Any]:
                 }
             )
         print(f"grid {name}: {len(jobs)} of {len(cells)} run(s) to train", flush=True)
+        if pack > 1 and jobs:
+            jobs = _pack_jobs(jobs, pack, folder)
+            print(f"  in {len(jobs)} pack(s) of up to {pack} runs", flush=True)
         _, failed = _run_segments(jobs, spec, ray, resources)
         runs, trained = [], 0
         for t, a, s in cells:
@@ -892,7 +959,7 @@ def run_grid(spec) -> Dict[str, Any]:
             "table": peak_table(runs, seeds),
             "failures": [{k: r[k] for k in ("task", "alpha", "seed", "failed")} for r in runs if r["failed"]],
             "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(cells)},
-            "run_info": _run_info(ray, resources, t_start),
+            "run_info": {**_run_info(ray, resources, t_start), "pack": pack},
         }
         _write_json(result, path)
         (folder / "grid.md").write_text(grid_markdown(result))
@@ -900,6 +967,17 @@ def run_grid(spec) -> Dict[str, Any]:
     finally:
         if started:
             ray.shutdown()
+
+
+def _pack_jobs(jobs: List[Dict[str, Any]], size: int, folder: Path) -> List[Dict[str, Any]]:
+    """The grid's arm jobs in packs of at most `size` arms that can be batched together (cifar_pack.groups)."""
+    packs = []
+    for ids in cifar_pack.groups([job["args"] for job in jobs], size):
+        arms = [jobs[i]["key"] for i in ids]
+        args = [jobs[i]["args"] for i in ids]
+        pid_file = str(folder / "workers" / f"pack__{arms[0]}")
+        packs.append({"key": arms[0], "arms": arms, "trainer": "cifar", "args": args, "pid_file": pid_file})
+    return packs
 
 
 def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
@@ -1369,6 +1447,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         "curves": CurvesArgs,
     }
     argv = list(sys.argv[1:] if argv is None else argv)
+    for value in flag_values(argv[1:], "pack") if argv and argv[0] == "cifar-grid" else []:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"--pack {value!r} is not allowed: give the runs per pack, a whole number >= 1 (1: no packs)"
+            )
     if argv and argv[0] in ("cifar", "robot", "cifar-grid", "robot-grid") and flag_values(argv[1:], "train.preset"):
         cmd = _parse_with_preset(commands[argv[0]], argv[1:])
     else:
