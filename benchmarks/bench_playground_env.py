@@ -12,7 +12,7 @@ block of the FPO preset):
 - `jax_scan`: `--steps` steps inside one `lax.scan` (no per-step dispatch: the physics floor).
 
 Compilation is timed separately. Prints a table, writes JSON to --out.
-Usage: python benchmarks/bench_playground_env.py --tasks AcrobotSwingup WalkerRun --out env.json
+Usage: python benchmarks/bench_playground_env.py --tasks AcrobotSwingup WalkerRun --physics jax warp --out env.json
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def timed(fn, steps: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: bool = False) -> dict:
+def bench_task(
+    task: str, n: int, steps: int, device: torch.device, check_only: bool = False, physics: str = "jax"
+) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -73,9 +75,10 @@ def bench_task(task: str, n: int, steps: int, device: torch.device, check_only: 
     from fpo_utils.playground_env import PlaygroundVecEnv
 
     t0 = time.perf_counter()
-    env = PlaygroundVecEnv(task, n, seed=0, device=device)
+    env = PlaygroundVecEnv(task, n, seed=0, device=device, physics=physics)
     row = {
         "task": task,
+        "physics": physics,
         "num_envs": n,
         "steps": steps,
         "make_s": round(time.perf_counter() - t0, 2),
@@ -213,6 +216,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="")
     p.add_argument("--check-only", action="store_true", help="only the hand-over and replay checks")
+    p.add_argument("--physics", nargs="+", default=["jax"], choices=["jax", "warp"], help="MJX and/or MuJoCo Warp")
     args = p.parse_args()
     device = torch.device(args.device)
     from importlib.metadata import version
@@ -230,20 +234,23 @@ def main() -> None:
     }
     rows = []
     for task in args.tasks:
-        rows.append(bench_task(task, args.num_envs, args.steps, device, args.check_only))
-        print(json.dumps(rows[-1]), flush=True)
+        for physics in args.physics:
+            rows.append(bench_task(task, args.num_envs, args.steps, device, args.check_only, physics))
+            print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.check_only:
         return
     cols = ["env_only", "eager_policy", "graph_policy", "jax_loop", "jax_scan"]
-    print(f"\n{meta}\n| task | compile s | " + " | ".join(f"{c} steps/s" for c in cols) + " | hand-over diff |")
-    print("|---" * (len(cols) + 3) + "|")
+    print(
+        f"\n{meta}\n| task | physics | compile s | " + " | ".join(f"{c} steps/s" for c in cols) + " | hand-over diff |"
+    )
+    print("|---" * (len(cols) + 4) + "|")
     checks = [(c, k) for c in ("check_fresh", "check_reused_buffer") for k in ("handover_maxdiff", "action_maxdiff")]
     for r in rows:
         print(
-            f"| {r['task']} | {r['compile_s']} | "
+            f"| {r['task']} | {r['physics']} | {r['compile_s']} | "
             + " | ".join(f"{r.get(c + '_sps', '-'):,}" if c + "_sps" in r else "-" for c in cols)
             + f" | {max(r[c][k] for c, k in checks)} |"
         )
