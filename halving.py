@@ -7,6 +7,8 @@ Commands::
     python halving.py cifar --rungs 20 40 80 --train.reward simclr
     python halving.py robot --alphas 0 .25 .5 1 --rungs 100 200 400 --train.env-id Walker2d-v5
     python halving.py cifar-grid --rewards edge simclr --seeds 1 2 3      # every run to the budget
+    python halving.py cifar-grid --targets v x0 eps --estimators q+a q+Z explicit   # cells: profile x estimator
+    python halving.py cifar-grid --alphas -1 0 1 --gs .5 1 2        # alpha x g (tab:scale)
     python halving.py cifar-grid --pack 12                         # 12 runs batched in one process, one GPU
     python halving.py robot-grid --env-ids Walker2d-v5 --alphas .5 1 --train.total-timesteps 1000000
     python halving.py cifar --ray-address auto --out-dir /shared/runs     # the same, on a Ray cluster
@@ -32,16 +34,28 @@ Live tournaments (``cifar``, ``robot``)
     command continues an interrupted tournament from the arms' checkpoints.
 
 Grids (``cifar-grid``, ``robot-grid``)
-    A tournament with no cut: every (task, exponent, seed) run trains to the trainer's own budget
-    (CIFAR with its validation early stopping unless turned off). ``grid.json`` holds every run
-    and the per-run peak table the paper reports (per task and exponent: each seed's peak,
-    eq:peak, then the mean and sample SD over seeds); ``grid.md`` holds the table as Markdown.
-    ``--pack K`` trains up to K CIFAR runs that can be batched together (fpo_utils/cifar_pack.py:
-    the same model, batch, draws, Euler steps, optimiser and validation banks; a grid's runs differ
-    only in reward, alpha and seed, so all of them can) in one process on one device, every tensor
-    with a leading run axis. Each packed run writes its own run folder as it would alone, equal to
-    it to float32 rounding; a run that ends leaves its pack, and an interrupted pack keeps every run's
-    last checkpoint, so re-running the command continues it, packed or not.
+    A tournament with no cut: every (task, cell, seed) run trains to the trainer's own budget (CIFAR
+    with its validation early stopping unless turned off). A robot cell is an exponent. A CIFAR cell
+    is one weighting configuration of cifar_fpo.py: a profile, one entry of ``--alphas`` (the 12-bin
+    family), ``--targets`` (eq:targets), ``--schedules`` (alpha_early:alpha_late:k0:k1, tab:dynamic),
+    ``--etas`` (static softmax, fig:static), ``--rules`` (static-direct, online-ema, online-refit at
+    the ``--train`` settings) or ``--refit-etas`` (full refit, tab:online-full), crossed with every
+    scale of ``--gs`` (app:scale, tab:scale) and every estimator of ``--estimators`` (tab:sampling);
+    with no profile axis given, the alphas -2 -1 0 1. A run folder is named
+    ``<task>__<cell>__seed<seed>``, the cell being ``alpha<+a>`` or the trainer's weighting label
+    (``x0``, ``schedule-3to-0.5@160-260``, ``static-softmax-eta0.5``, ...) with ``__g<g>`` and
+    ``__<estimator>`` added when those axes are swept. ``grid.json`` holds every run and the
+    per-cell table: each seed's peak (eq:peak) and final reward (the validation reward at the budget's
+    last update), their mean and sample SD over seeds with n, and the failed and non-finite runs by
+    name; with several estimators, ``paired`` holds the per-seed peak differences of the first
+    estimator against each other one (tab:sampling: mean, SD, W/T/L at tolerance .003). ``grid.md`` holds the tables as
+    Markdown. ``--pack K`` trains up to K CIFAR runs that can be batched together
+    (fpo_utils/cifar_pack.py: the same model, batch, draws, Euler steps, optimiser and validation
+    banks; a grid's runs differ only in reward, weighting settings and seed, so all of them can) in
+    one process on one device, every tensor with a leading run axis. Each packed run writes its own
+    run folder as it would alone, equal to it to float32 rounding; a run that ends leaves its pack,
+    and an interrupted pack keeps every run's last checkpoint, so re-running the command continues
+    it, packed or not.
 
 Arms as Ray tasks
     A segment of an arm (from its checkpoint up to a rung, or to the end for a grid) is one call of
@@ -278,22 +292,40 @@ class RobotTournament(Sweep):
 
 @dataclass
 class CifarGrid(Sweep):
-    """Every (reward, alpha, seed) cifar_fpo.py run to its full budget, and the per-run peak table."""
+    """Every (reward, cell, seed) cifar_fpo.py run to its full budget, and the per-cell table of peaks and
+    final rewards. A cell is one weighting configuration: a profile (one entry of --alphas, --targets,
+    --schedules, --etas, --rules or --refit-etas), crossed with every --gs and every --estimators."""
 
-    alphas: Tuple[float, ...] = CIFAR_ALPHAS
-    """Exponents of the 12-bin family."""
+    alphas: Tuple[float, ...] = ()
+    """Exponents of the 12-bin family (fixed weighting); default -2 -1 0 1 when no other profile axis is given."""
+    targets: Tuple[str, ...] = ()
+    """Named target profiles (fixed weighting, eq:targets): v, x0, eps."""
+    schedules: Tuple[str, ...] = ()
+    """Linear schedules alpha_early:alpha_late:k0:k1 (app:schedules, tab:dynamic), e.g. -3:-0.5:160:260."""
+    etas: Tuple[float, ...] = ()
+    """Static-softmax concentrations eta_norm (eq:static, fig:static: .25 .5 .75 1 1.25 1.5 2)."""
+    rules: Tuple[str, ...] = ()
+    """Data-driven rules at the --train settings (tab:online-full): static-direct, online-ema, online-refit."""
+    refit_etas: Tuple[float, ...] = ()
+    """Full-refit online concentrations eta_raw (app:online-analysis, tab:full-refit-summary)."""
+    gs: Tuple[float, ...] = ()
+    """Calibrated whole-loss scales g crossed with every profile (app:scale, tab:scale: .5 .75 1 1.5 2);
+    default --train.g, not part of the run names."""
+    estimators: Tuple[str, ...] = ()
+    """Estimators crossed with every profile, paired by seed (tab:sampling): q+a, q+Z, explicit; default
+    --train.estimator, not part of the run names."""
     seeds: Tuple[int, ...] = (20260724, 20260725, 20260726)
     """Training seeds (app:method-settings)."""
     rewards: Tuple[str, ...] = ()
     """Rewards (tasks) of the grid; default --train.reward."""
     train: cifar_fpo.Args = field(default_factory=cifar_fpo.Args)
-    """Settings shared by every run (budget --train.num-updates, early stopping, estimator, ...); the
-    grid sets weighting=fixed, alpha, target, reward, seed, resume, run_name and runs_dir."""
+    """Settings shared by every run (model, budget --train.num-updates, early stopping, estimator, ...); the
+    grid sets the cell's weighting settings, reward, seed, resume, run_name and runs_dir."""
     pack: int = 1
     """Runs trained together as one pack: in one process on one device, batched (fpo_utils/cifar_pack.py),
     each writing its own run folder as it would alone and equal to it to float32 rounding. Runs pack when
     they share the settings in cifar_pack.SHARED (model, batch and group sizes, draws, Euler steps,
-    optimiser, validation banks, device, precision): all runs of one grid do, whatever their reward, alpha
+    optimiser, validation banks, device, precision): all runs of one grid do, whatever their reward, cell
     and seed. fp32 or tf32 on CUDA (bf16 is refused there). A pack is one arm task (--gpus-per-arm,
     --cpus-per-arm). 1: every run in its own task."""
 
@@ -539,9 +571,13 @@ def _arm_name(alpha: float, seed: int, task: Optional[str] = None) -> str:
     return f"{task.replace('/', '_')}__{name}" if task else name
 
 
-def _check_common(spec) -> Tuple[List[float], List[int]]:
+def _check_common(spec, alphas_optional: bool = False) -> Tuple[List[float], List[int]]:
     alphas = [float(a) for a in spec.alphas]
-    if not alphas or len(set(alphas)) != len(alphas) or not all(math.isfinite(a) for a in alphas):
+    if (
+        (not alphas and not alphas_optional)
+        or len(set(alphas)) != len(alphas)
+        or not all(math.isfinite(a) for a in alphas)
+    ):
         raise ValueError(f"--alphas {list(spec.alphas)} must be one or more distinct finite numbers")
     seeds = [int(s) for s in spec.seeds]
     if not seeds or len(set(seeds)) != len(seeds):
@@ -873,29 +909,110 @@ def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> Non
 FINAL = ("finished", "stopped", "nonfinite")  # statuses of a run that has ended
 
 
+CIFAR_TARGETS = ("v", "x0", "eps")  # eq:targets
+CIFAR_ESTIMATORS = ("q+a", "q+Z", "explicit")  # tab:sampling
+CIFAR_RULES = ("static-direct", "online-ema", "online-refit")  # tab:online-full, at the --train settings
+TIE_TOLERANCE = 0.003  # tab:sampling's W/T/L tie tolerance on paired peak differences
+PROFILE_AXES = ("alphas", "targets", "schedules", "etas", "rules", "refit_etas")  # each entry is one profile
+
+
+def _distinct(flag: str, values: Sequence[Any], allowed: Optional[Sequence[str]] = None, numbers=False) -> List[Any]:
+    """`values` of the grid axis --`flag`, checked: distinct, each one of `allowed` or a finite number."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"--{flag} {list(values)} must be distinct")
+    for v in values:
+        if allowed is not None and v not in allowed:
+            raise ValueError(f"--{flag} {v!r} is not allowed: choose from {', '.join(allowed)}")
+        if numbers and not math.isfinite(v):
+            raise ValueError(f"--{flag} {v!r} is not allowed: give finite numbers")
+    return list(values)
+
+
+def _schedule(text: str) -> Dict[str, Any]:
+    """`alpha_early:alpha_late:k0:k1` -> the trainer's schedule settings (app:schedules)."""
+    parts = text.split(":")
+    try:
+        early, late, k0, k1 = float(parts[0]), float(parts[1]), int(parts[2]), int(parts[3])
+        ok = len(parts) == 4 and math.isfinite(early) and math.isfinite(late) and 0 <= k0 <= k1
+    except (ValueError, IndexError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"--schedules {text!r} is not allowed: give alpha_early:alpha_late:k0:k1 with 0 <= k0 <= k1, "
+            "e.g. -3:-0.5:160:260"
+        )
+    return {"weighting": "schedule", "alpha_early": early, "alpha_late": late, "k0": k0, "k1": k1}
+
+
+def cifar_cells(spec: CifarGrid) -> List[Dict[str, Any]]:
+    """The cells of a CIFAR grid in order: every profile (alphas, targets, schedules, etas, rules,
+    refit_etas, in that order), crossed with every g (--gs) and every estimator (--estimators).
+    Each cell is {"cell": its name in run folders, "alpha": the exponent label of a fixed-alpha profile
+    else None, "settings": the trainer settings it sets}. A grid over alphas alone keeps the names
+    `alpha<+a>`; g and the estimator join a name (`__g0.5`, `__q+Z`) only when they are swept."""
+    given = [ax for ax in PROFILE_AXES if getattr(spec, ax)]
+    alphas = list(spec.alphas) if spec.alphas or given else list(CIFAR_ALPHAS)
+    profiles = []
+    for a in _distinct("alphas", [float(a) for a in alphas], numbers=True):
+        settings = {"weighting": "fixed", "target": None, "alpha": a}
+        profiles.append((f"alpha{a:+g}", fmt_label(a), settings))
+    for t in _distinct("targets", list(spec.targets), CIFAR_TARGETS):
+        profiles.append((t, None, {"weighting": "fixed", "target": t}))
+    for text in _distinct("schedules", list(spec.schedules)):
+        profiles.append((None, None, _schedule(text)))
+    for eta in _distinct("etas", [float(e) for e in spec.etas], numbers=True):
+        profiles.append((None, None, {"weighting": "static-softmax", "eta": eta}))
+    for rule in _distinct("rules", list(spec.rules), CIFAR_RULES):
+        profiles.append((None, None, {"weighting": rule}))
+    for eta in _distinct("refit-etas", [float(e) for e in spec.refit_etas], numbers=True):
+        profiles.append((None, None, {"weighting": "online-refit", "refit_eta": eta}))
+    gs = _distinct("gs", [float(g) for g in spec.gs], numbers=True)
+    bad = [g for g in gs if g <= 0]
+    if bad:
+        raise ValueError(f"--gs {bad[0]:g} is not allowed: scales g must be > 0")
+    estimators = _distinct("estimators", list(spec.estimators), CIFAR_ESTIMATORS)
+    cells = []
+    for name, alpha, settings in profiles:
+        if name is None:  # the trainer's own label: static-softmax-eta1, online-refit-eta0.5, ...
+            name = cifar_fpo.weighting_label(replace(spec.train, **settings, g=1.0, estimator="q+a"))
+        for g in gs or [None]:
+            for est in estimators or [None]:
+                cell = name + ("" if g is None else f"__g{g:g}") + ("" if est is None else f"__{est}")
+                extra = ({} if g is None else {"g": g}) | ({} if est is None else {"estimator": est})
+                cells.append({"cell": cell, "alpha": alpha, "settings": {**settings, **extra}})
+    return cells
+
+
 def run_grid(spec) -> Dict[str, Any]:
-    """Run (or continue) a grid: every (task, alpha, seed) arm to the trainer's full budget. Writes
-    ``grid.json`` (every run and the peak table) and ``grid.md`` (the table) and returns the former."""
+    """Run (or continue) a grid: every (task, cell, seed) arm to the trainer's full budget. Writes
+    ``grid.json`` (every run and the per-cell table) and ``grid.md`` (the table) and returns the former."""
     trainer = _trainer(spec)
     if not isinstance(spec, (CifarGrid, RobotGrid)):
         raise ValueError("run_grid takes a CifarGrid or RobotGrid; tournaments go to run_tournament")
-    alphas, seeds = _check_common(spec)
+    alphas, seeds = _check_common(spec, alphas_optional=trainer == "cifar")
     pack = getattr(spec, "pack", 1)
     if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
         raise ValueError(f"--pack {pack!r} is not allowed: give the runs per pack, a whole number >= 1 (1: no packs)")
     base = spec.train
+    axes: Dict[str, Any] = {}
     if trainer == "cifar":
         tasks = list(spec.rewards) or [base.reward]
+        cells = cifar_cells(spec)
+        alphas = list(dict.fromkeys(c["settings"]["alpha"] for c in cells if c["alpha"] is not None))
         base = cifar_fpo.resolve_args(replace(base, weighting="fixed", target=None, seed=seeds[0], reward=tasks[0]))
+        for c in cells:  # every cell's settings checked before anything is written
+            cifar_fpo.resolve_args(replace(base, **c["settings"], run_name=None))
         budget = base.num_updates
         if pack > 1:
             cifar_pack.check_packable([base])  # e.g. a precision a pack does not take on this device
+        axes = {ax: list(getattr(spec, ax)) for ax in PROFILE_AXES[1:] + ("gs", "estimators") if getattr(spec, ax)}
     else:
         tasks = list(spec.env_ids) or [base.env_id]
         robot_fpo.validate_args(base)
         if base.alpha_early is not None or base.alpha_late is not None:
             raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; grid exponents are fixed")
         budget = base.num_updates or max(1, base.total_timesteps // (base.num_envs * base.num_steps))
+        cells = [{"cell": f"alpha{a:+g}", "alpha": fmt_label(a), "exponent": a} for a in alphas]
     if len(set(tasks)) != len(tasks):
         raise ValueError(f"tasks {tasks} must be distinct")
     name = (
@@ -903,52 +1020,72 @@ def run_grid(spec) -> Dict[str, Any]:
         or "grid__"
         + "+".join(t.replace("/", "_") for t in tasks)
         + (f"__{base.objective}" if trainer == "robot" else "")
+        + "".join(f"__{ax.replace('_', '-')}" for ax in axes)  # e.g. __targets__estimators; none for alphas alone
         + f"__{seeds[0]}"
     )
-    config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, tasks=tasks, budget=budget)
+    # a grid over alphas alone keeps the config (and so continues the folders) of grids written before other axes
+    config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, tasks=tasks, budget=budget, **axes)
     folder, path = _open_sweep(spec, "grid", name, config)
     arms_dir = folder / "arms"
     ray, started = _connect(spec)
+
+    def arm_name(t: str, c: Dict[str, Any], s: int) -> str:
+        return f"{t.replace('/', '_')}__{c['cell']}__seed{s}"
+
+    def arm_args(t: str, c: Dict[str, Any], s: int):
+        if trainer == "robot":
+            return _arm_args(trainer, base, c["exponent"], s, None, None, arms_dir, t)
+        return replace(
+            base,
+            **c["settings"],
+            reward=t,
+            seed=int(s),
+            until=None,
+            resume=False,
+            run_name=arm_name(t, c, s),
+            runs_dir=str(arms_dir),
+        )
+
     try:
         resources = _resources(spec, trainer, base, ray)
         t_start = time.time()
-        cells = [(t, a, s) for t in tasks for a in alphas for s in seeds]
+        grid = [(t, c, s) for t in tasks for c in cells for s in seeds]
         jobs = []
-        for t, a, s in cells:
-            arm = _arm_name(a, s, t)
+        for t, c, s in grid:
+            arm = arm_name(t, c, s)
             st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
             if st["status"] in FINAL:
                 continue
             jobs.append(
-                {
-                    "key": arm,
-                    "trainer": trainer,
-                    "pid_file": str(folder / "workers" / arm),
-                    "args": _arm_args(trainer, base, a, s, None, None, arms_dir, t),
-                }
+                {"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / arm), "args": arm_args(t, c, s)}
             )
-        print(f"grid {name}: {len(jobs)} of {len(cells)} run(s) to train", flush=True)
+        print(f"grid {name}: {len(jobs)} of {len(grid)} run(s) to train", flush=True)
         if pack > 1 and jobs:
             jobs = _pack_jobs(jobs, pack, folder)
             print(f"  in {len(jobs)} pack(s) of up to {pack} runs", flush=True)
         _, failed = _run_segments(jobs, spec, ray, resources)
         runs, trained = [], 0
-        for t, a, s in cells:
-            arm = _arm_name(a, s, t)
+        for t, c, s in grid:
+            arm = arm_name(t, c, s)
             st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
             peak, at = _peak(st)
+            final = st["curve"].get(budget)
             trained += st["updates_done"]
             runs.append(
                 {
                     "task": t,
-                    "alpha": fmt_label(a),
+                    "cell": c["cell"],
+                    "alpha": c["alpha"],
+                    **({"settings": c["settings"]} if trainer == "cifar" else {}),
                     "seed": s,
                     "run": st["run"],
+                    "name": arm,
                     "status": st["status"],
                     "stop_reason": st["stop_reason"],
                     "trained": st["updates_done"],
                     "peak": peak,
                     "peak_update": at,
+                    "final": final if final is not None and math.isfinite(final) else None,
                     "failed": failed.get(arm),
                 }
             )
@@ -957,10 +1094,14 @@ def run_grid(spec) -> Dict[str, Any]:
             "status": "finished",
             "runs": runs,
             "table": peak_table(runs, seeds),
-            "failures": [{k: r[k] for k in ("task", "alpha", "seed", "failed")} for r in runs if r["failed"]],
-            "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(cells)},
+            "failures": [
+                {k: r[k] for k in ("task", "cell", "alpha", "seed", "name", "failed")} for r in runs if r["failed"]
+            ],
+            "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(grid)},
             "run_info": {**_run_info(ray, resources, t_start), "pack": pack},
         }
+        if trainer == "cifar" and len(spec.estimators) > 1:
+            result["paired"] = paired_estimators(runs, list(spec.estimators))
         _write_json(result, path)
         (folder / "grid.md").write_text(grid_markdown(result))
         return result
@@ -980,53 +1121,137 @@ def _pack_jobs(jobs: List[Dict[str, Any]], size: int, folder: Path) -> List[Dict
     return packs
 
 
+def _mean_sd(vals: Sequence[float]) -> Tuple[Optional[float], Optional[float]]:
+    """Mean and sample SD (ddof 1) of `vals`; None where undefined."""
+    return (float(np.mean(vals)) if vals else None, float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+
+
 def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
-    """Per (task, alpha): each seed's per-run peak (eq:peak), then the mean and sample SD over the runs
-    that ended (finished, early-stopped or non-finite; a non-finite run keeps the peak it reached),
-    as the paper reports them. Runs that failed (raised, or their worker kept dying) are listed, not averaged."""
+    """Per (task, cell): each seed's per-run peak (eq:peak) and final reward (the validation reward at the
+    budget's last update; missing for a run that stopped earlier), then the mean and sample SD over seeds.
+    Peaks average the runs that ended (finished, early-stopped or non-finite; a non-finite run keeps the
+    peak it reached), as the paper reports them; runs that failed (raised, or their worker kept dying)
+    are listed by name, not averaged, and non-finite runs are listed by name too. `mean`, `sd` and `n`
+    are the peak's; `final_mean`, `final_sd` and `final_n` the final reward's."""
     rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for r in runs:
         row = rows.setdefault(
-            (r["task"], r["alpha"]),
-            {"task": r["task"], "alpha": r["alpha"], "peaks": {}, "nonfinite": [], "failed": []},
+            (r["task"], r["cell"]),
+            {
+                "task": r["task"],
+                "cell": r["cell"],
+                "alpha": r["alpha"],
+                **({"settings": r["settings"]} if "settings" in r else {}),
+                "peaks": {},
+                "finals": {},
+                "nonfinite": [],
+                "failed": [],
+                "nonfinite_runs": [],
+                "failed_runs": [],
+            },
         )
         if r["failed"] or r["status"] not in FINAL or r["peak"] is None:
             row["failed"].append(r["seed"])
+            row["failed_runs"].append(r.get("name", Path(r["run"]).name))
             continue
         row["peaks"][str(r["seed"])] = r["peak"]
+        if r.get("final") is not None:
+            row["finals"][str(r["seed"])] = r["final"]
         if r["status"] == "nonfinite":
             row["nonfinite"].append(r["seed"])
+            row["nonfinite_runs"].append(r.get("name", Path(r["run"]).name))
     out = []
     for row in rows.values():
-        vals = [row["peaks"][str(s)] for s in seeds if str(s) in row["peaks"]]
-        row.update(
-            n=len(vals),
-            mean=float(np.mean(vals)) if vals else None,
-            sd=float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
-        )
+        peaks = [row["peaks"][str(s)] for s in seeds if str(s) in row["peaks"]]
+        finals = [row["finals"][str(s)] for s in seeds if str(s) in row["finals"]]
+        mean, sd = _mean_sd(peaks)
+        final_mean, final_sd = _mean_sd(finals)
+        row.update(n=len(peaks), mean=mean, sd=sd, final_n=len(finals), final_mean=final_mean, final_sd=final_sd)
         out.append(row)
     return out
 
 
+def paired_estimators(runs: Sequence[Dict[str, Any]], estimators: List[str]) -> List[Dict[str, Any]]:
+    """tab:sampling: per task and estimator after the first, the peak differences (the first estimator
+    minus this one, as the table's q - explicit) over the (profile, g, seed) pairs where both runs have a
+    peak; mean and sample SD, n and wins/ties/losses of the first with tie tolerance TIE_TOLERANCE."""
+    peaks = {
+        (r["task"], r["settings"]["estimator"], r["cell"].rsplit("__", 1)[0], r["seed"]): r["peak"]
+        for r in runs
+        if not r["failed"] and r["peak"] is not None and r["status"] in FINAL
+    }
+    out = []
+    for task in dict.fromkeys(r["task"] for r in runs):
+        for est in estimators[1:]:
+            diffs = [
+                peaks[(task, estimators[0], prof, seed)] - v
+                for (t, e, prof, seed), v in peaks.items()
+                if t == task and e == est and (task, estimators[0], prof, seed) in peaks
+            ]
+            mean, sd = _mean_sd(diffs)
+            out.append(
+                {
+                    "task": task,
+                    "estimator": est,
+                    "versus": estimators[0],
+                    "n": len(diffs),
+                    "mean": mean,
+                    "sd": sd,
+                    "wins": sum(d > TIE_TOLERANCE for d in diffs),
+                    "ties": sum(abs(d) <= TIE_TOLERANCE for d in diffs),
+                    "losses": sum(d < -TIE_TOLERANCE for d in diffs),
+                }
+            )
+    return out
+
+
+def _pm(mean: Optional[float], sd: Optional[float]) -> str:
+    return "-" if mean is None else f"{mean:.6f}" + ("" if sd is None else f" ± {sd:.6f}")
+
+
 def grid_markdown(result: Dict[str, Any]) -> str:
-    """The peak table of a grid as Markdown: one row per (task, alpha), one column per seed."""
-    seeds = result["config"]["seeds"]
-    head = ["Task", "alpha", "n", "Peak mean ± SD"] + [f"seed {s}" for s in seeds] + ["Notes"]
+    """The per-cell table of a grid as Markdown: one row per (task, cell), the peak's and the final
+    reward's mean ± SD over seeds, then one column per seed (its peak)."""
+    seeds, budget = result["config"]["seeds"], result["config"]["budget"]
+    only_alphas = all(row["alpha"] is not None and "__" not in row["cell"] for row in result["table"])
+    head = ["Task", "alpha" if only_alphas else "Cell", "n", "Peak mean ± SD"]
+    head += [f"Final ({budget}) mean ± SD"] + [f"seed {s}" for s in seeds] + ["Notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in result["table"]:
-        mean = (
-            "-" if row["mean"] is None else f"{row['mean']:.6f}" + ("" if row["sd"] is None else f" ± {row['sd']:.6f}")
+        final = _pm(row["final_mean"], row["final_sd"]) + (
+            f" (n={row['final_n']})" if row["final_n"] != row["n"] else ""
         )
         cells = [f"{row['peaks'][str(s)]:.6f}" if str(s) in row["peaks"] else "failed" for s in seeds]
         notes = "; ".join(
-            [f"non-finite: seed {', '.join(map(str, row['nonfinite']))}"]
-            if row["nonfinite"]
-            else [] + ([f"failed: seed {', '.join(map(str, row['failed']))}"] if row["failed"] else [])
+            ([f"non-finite: {', '.join(row['nonfinite_runs'])}"] if row["nonfinite_runs"] else [])
+            + ([f"failed: {', '.join(row['failed_runs'])}"] if row["failed_runs"] else [])
         )
-        lines.append("| " + " | ".join([row["task"], row["alpha"], str(row["n"]), mean] + cells + [notes]) + " |")
-    text = "\n".join(lines) + "\n\nPeak: the best evaluation of a run (eq:peak); mean and sample SD over seeds.\n"
+        label = row["alpha"] if only_alphas else row["cell"]
+        lines.append(
+            "| "
+            + " | ".join([row["task"], label, str(row["n"]), _pm(row["mean"], row["sd"]), final] + cells + [notes])
+            + " |"
+        )
+    text = "\n".join(lines) + (
+        f"\n\nPeak: the best evaluation of a run (eq:peak); final: the validation reward at update {budget} "
+        "(the budget); mean and sample SD over seeds.\n"
+    )
+    if result.get("paired"):
+        rows = [
+            [
+                p["task"],
+                f"{p['versus']} - {p['estimator']}",
+                str(p["n"]),
+                _pm(p["mean"], p["sd"]),
+                f"{p['wins']}/{p['ties']}/{p['losses']}",
+            ]
+            for p in result["paired"]
+        ]
+        text += "\nPaired by seed (tab:sampling; W/T/L with tie tolerance " + f"{TIE_TOLERANCE:g}):\n\n"
+        text += "| Task | Peak difference | Pairs | Mean ± SD | W/T/L |\n|---|---|---|---|---|\n"
+        text += "".join("| " + " | ".join(r) + " |\n" for r in rows)
     for f in result["failures"]:
-        text += f"\nFailed: {f['task']} alpha {f['alpha']} seed {f['seed']}: {f['failed']}"
+        text += f"\nFailed: {f['name']}: {f['failed']}"
     return text + ("\n" if result["failures"] else "")
 
 

@@ -225,13 +225,159 @@ def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
         peaks = [r["peak"] for r in res["runs"] if (r["task"], r["alpha"]) == (row["task"], row["alpha"])]
         assert row["peaks"] == {"5": peaks[0], "6": peaks[1]} and row["n"] == 2
         assert row["mean"] == pytest.approx(np.mean(peaks)) and row["sd"] == pytest.approx(np.std(peaks, ddof=1))
+    # the names and the config of a grid over alphas alone are those of grids written before other axes
+    assert sorted(Path(r["run"]).name for r in res["runs"]) == sorted(
+        f"{t}__alpha{a:+g}__seed{s}" for t in ("red-patch", "mixed-texture") for a in (0.0, -1.0) for s in (5, 6)
+    )
+    assert sorted(res["config"]) == ["alphas", "budget", "seeds", "tasks", "train", "trainer"]
     md = (tmp_path / "g/grid.md").read_text().splitlines()
-    assert md[0] == "| Task | alpha | n | Peak mean ± SD | seed 5 | seed 6 | Notes |"
+    assert md[0] == "| Task | alpha | n | Peak mean ± SD | Final (4) mean ± SD | seed 5 | seed 6 | Notes |"
     row = res["table"][1]
     assert md[3] == (
-        f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['peaks']['5']:.6f} | "
-        f"{row['peaks']['6']:.6f} |  |"
+        f"| red-patch | -1 | 2 | {row['mean']:.6f} ± {row['sd']:.6f} | {row['final_mean']:.6f} ± "
+        f"{row['final_sd']:.6f} | {row['peaks']['5']:.6f} | {row['peaks']['6']:.6f} |  |"
     )
+
+
+def own_numbers(folder: Path, budget: int):
+    """A run folder's peak (eq:peak) and final reward at the budget, read from its own metrics.jsonl."""
+    vals = {x["update"]: x["val_reward"] for x in read_jsonl(folder / "metrics.jsonl") if x.get("kind") == "validation"}
+    return max(vals.values()), vals.get(budget)
+
+
+def test_cifar_grid_over_targets_and_estimators(tiny_train, tmp_path):
+    spec = halving.CifarGrid(
+        targets=("x0", "v"),
+        estimators=("q+a", "q+Z"),
+        seeds=(5, 6),
+        out_dir=str(tmp_path),
+        name="te",
+        ray=False,
+        threads=1,
+        train=replace(tiny_train, num_updates=4),
+    )
+    # one run cannot start (a corrupt checkpoint): it is listed as failed by name, the others go on
+    bad = tmp_path / "te/arms/red-patch__v__q+Z__seed6"
+    (bad / "checkpoints").mkdir(parents=True)
+    (bad / "checkpoints/last.pt").write_bytes(b"not a checkpoint")
+    res = halving.run_grid(spec)
+    names = [f"red-patch__{t}__{e}__seed{s}" for t in ("x0", "v") for e in ("q+a", "q+Z") for s in (5, 6)]
+    assert [Path(r["run"]).name for r in res["runs"]] == names
+    assert sorted(p.name for p in (tmp_path / "te/arms").iterdir()) == sorted(names)
+    for r in res["runs"]:
+        args = json.loads((Path(r["run"]) / "args.json").read_text()) if r["name"] != bad.name else None
+        if args is not None:
+            t, e = r["cell"].split("__")
+            assert (args["weighting"], args["target"], args["estimator"], args["seed"]) == ("fixed", t, e, r["seed"])
+    assert [f["name"] for f in res["failures"]] == [bad.name] and res["failures"][0]["failed"]
+    assert [row["cell"] for row in res["table"]] == ["x0__q+a", "x0__q+Z", "v__q+a", "v__q+Z"]
+    for row in res["table"]:
+        seeds = (5,) if row["cell"] == "v__q+Z" else (5, 6)
+        own = {s: own_numbers(tmp_path / "te/arms" / f"red-patch__{row['cell']}__seed{s}", 4) for s in seeds}
+        if row["cell"] == "v__q+Z":
+            assert row["failed_runs"] == [bad.name] and row["failed"] == [6] and row["n"] == 1 and row["sd"] is None
+        else:
+            assert row["failed_runs"] == [] and row["n"] == 2
+        peaks, finals = [p for p, _ in own.values()], [f for _, f in own.values()]
+        assert row["peaks"] == {str(s): p for s, (p, _) in own.items()}
+        assert row["mean"] == pytest.approx(sum(peaks) / len(peaks))
+        assert row["final_mean"] == pytest.approx(sum(finals) / len(finals)) and row["final_n"] == len(finals)
+        if len(peaks) == 2:
+            sd = abs(peaks[0] - peaks[1]) / math.sqrt(2)  # the sample SD (ddof 1) of two numbers
+            assert row["sd"] == pytest.approx(sd) and row["final_sd"] == pytest.approx(
+                abs(finals[0] - finals[1]) / 2**0.5
+            )
+    # paired by seed: q+a minus q+Z over the (profile, seed) pairs where both ran
+    pairs = [
+        own_numbers(tmp_path / "te/arms" / f"red-patch__{t}__q+a__seed{s}", 4)[0]
+        - own_numbers(tmp_path / "te/arms" / f"red-patch__{t}__q+Z__seed{s}", 4)[0]
+        for t, s in (("x0", 5), ("x0", 6), ("v", 5))
+    ]
+    (paired,) = res["paired"]
+    assert (paired["estimator"], paired["versus"], paired["n"]) == ("q+Z", "q+a", 3)
+    assert paired["mean"] == pytest.approx(np.mean(pairs)) and paired["sd"] == pytest.approx(np.std(pairs, ddof=1))
+    tol = halving.TIE_TOLERANCE
+    wtl = (sum(d > tol for d in pairs), sum(abs(d) <= tol for d in pairs), sum(d < -tol for d in pairs))
+    assert (paired["wins"], paired["ties"], paired["losses"]) == wtl
+    md = (tmp_path / "te/grid.md").read_text()
+    assert "| Task | Cell | n |" in md and f"failed: {bad.name}" in md and "q+a - q+Z" in md
+    assert json.loads((tmp_path / "te/grid.json").read_text()) == json.loads(json.dumps(res))
+
+    # re-running continues: finished runs are left alone, the failed one trains once its folder is fixed
+    done = tmp_path / "te/arms/red-patch__x0__q+a__seed5/metrics.jsonl"
+    stamp = done.stat().st_mtime_ns
+    (bad / "checkpoints/last.pt").unlink()
+    again = halving.run_grid(spec)
+    assert done.stat().st_mtime_ns == stamp and again["failures"] == []
+    row = [r for r in again["table"] if r["cell"] == "v__q+Z"][0]
+    assert row["n"] == 2 and row["peaks"]["6"] == own_numbers(bad, 4)[0]
+    assert again["paired"][0]["n"] == 4
+    with pytest.raises(ValueError, match="different grid"):
+        halving.run_grid(replace(spec, estimators=("q+a", "explicit")))
+
+
+def test_cifar_grid_over_schedules_etas_rules_and_scales_in_packs(tiny_train, tmp_path):
+    spec = halving.CifarGrid(
+        schedules=("-1:0.5:1:3",),
+        etas=(0.5,),
+        rules=("online-ema",),
+        refit_etas=(2.0,),
+        gs=(0.5, 2.0),
+        seeds=(5,),
+        out_dir=str(tmp_path),
+        ray=False,
+        threads=1,
+        pack=4,
+        train=replace(tiny_train, num_updates=2, refit_every=1),
+    )
+    res = halving.run_grid(spec)
+    assert [p.name for p in tmp_path.iterdir()] == ["grid__red-patch__schedules__etas__rules__refit-etas__gs__5"]
+    folder = next(tmp_path.iterdir())  # the default name says which axes the grid sweeps
+    profiles = ["schedule-1to0.5@1-3", "static-softmax-eta0.5", "online-ema-kappa300-uniform", "online-refit-eta2"]
+    cells = [f"{p}__g{g:g}" for p in profiles for g in (0.5, 2.0)]
+    assert [row["cell"] for row in res["table"]] == cells and res["failures"] == []
+    assert res["run_info"]["pack"] == 4
+    for r in res["runs"]:
+        args = json.loads((Path(r["run"]) / "args.json").read_text())
+        assert Path(r["run"]).name == f"red-patch__{r['cell']}__seed5" and args["g"] == r["settings"]["g"]
+        assert args["weighting"] == r["settings"]["weighting"] and r["status"] == "finished"
+        assert r["peak"] == own_numbers(Path(r["run"]), 2)[0] and r["final"] == own_numbers(Path(r["run"]), 2)[1]
+    sched = json.loads((folder / "arms" / f"red-patch__{cells[0]}__seed5/args.json").read_text())
+    assert (sched["alpha_early"], sched["alpha_late"], sched["k0"], sched["k1"]) == (-1.0, 0.5, 1, 3)
+    row = res["table"][0]
+    assert row["n"] == 1 and row["sd"] is None and row["mean"] == res["runs"][0]["peak"]
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--targets", "x1"], "--targets 'x1' is not allowed: choose from v, x0, eps"),
+        (["--estimators", "q+b"], "--estimators 'q+b' is not allowed: choose from q+a, q+Z, explicit"),
+        (["--rules", "fixed"], "--rules 'fixed' is not allowed: choose from static-direct, online-ema, online-refit"),
+        (["--schedules", "-3:-1"], "--schedules '-3:-1' is not allowed: give alpha_early:alpha_late:k0:k1"),
+        (["--gs", "0"], "--gs 0 is not allowed: scales g must be > 0"),
+    ],
+)
+def test_a_bad_grid_axis_value_is_a_one_line_error(tiny_train, tmp_path, flags, says):
+    with pytest.raises(ValueError) as err:
+        halving.run_grid(halving.CifarGrid(**{flags[0][2:]: (tyro_value(flags[1]),)}, out_dir=str(tmp_path)))
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def tyro_value(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def test_a_bad_grid_axis_value_on_the_command_line(tmp_path):
+    proc = run_cli(["cifar-grid", "--targets", "v", "noise", "--no-ray"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --targets 'noise' is not allowed: choose from v, x0, eps"
+    ]
+    assert not list(tmp_path.iterdir())
 
 
 def test_without_ray_arms_run_in_this_process(monkeypatch):
