@@ -288,55 +288,21 @@ def test_both_physics_give_the_same_walker_until_contacts_diverge():
     assert float(obs_gap.max()) < 1e-2 and float(rew_gap.max()) < 1e-3, (obs_gap, rew_gap)
 
 
+# A tiny CPU run: 4 CartpoleSwingup environments, 20-step episodes, 16 steps an update.
+TINY_PLAYGROUND = dict(
+    backend="playground", env_id="CartpoleSwingup", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
+    num_draws=4, flow_steps=4, actor_hidden=16, critic_hidden=16, eval_every=2, eval_episodes=4, episode_length=20,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "robot_fpo.py"),
-        "--backend",
-        "playground",
-        "--env-id",
-        "CartpoleSwingup",
-        "--objective",
-        objective,
-        "--alpha-eps",
-        "0.5",
-        "--alpha",
-        "0.5",
-        "--runs-dir",
-        str(tmp_path),
-        "--run-name",
-        "pg",
-        "--no-cuda",
-        "--torch-threads",
-        "1",
-        "--num-envs",
-        "4",
-        "--num-steps",
-        "16",
-        "--num-minibatches",
-        "2",
-        "--update-epochs",
-        "2",
-        "--num-draws",
-        "4",
-        "--flow-steps",
-        "4",
-        "--actor-hidden",
-        "16",
-        "--critic-hidden",
-        "16",
-        "--eval-every",
-        "2",
-        "--eval-episodes",
-        "4",
-        "--episode-length",
-        "20",
-        "--total-timesteps",
-        "128",
-    ]
+    flags = [x for k, v in TINY_PLAYGROUND.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    cmd = [sys.executable, os.path.join(ROOT, "robot_fpo.py"), *flags, "--objective", objective]
+    cmd += ["--alpha-eps", "0.5", "--alpha", "0.5", "--runs-dir", str(tmp_path), "--run-name", "pg"]
+    cmd += ["--no-cuda", "--torch-threads", "1", "--total-timesteps", "128"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "pg"
@@ -359,10 +325,8 @@ def playground_args(tmp_path, **kw):
 
     import robot_fpo as R
 
-    tiny = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, num_draws=4, flow_steps=4)
-    small = dict(actor_hidden=16, critic_hidden=16, eval_every=2, eval_episodes=4, episode_length=20)
-    where = dict(backend="playground", env_id="CartpoleSwingup", cuda=False, runs_dir=str(tmp_path), run_name="run")
-    return replace(R.Args(), **{**tiny, **small, **where, **kw})
+    where = dict(cuda=False, runs_dir=str(tmp_path), run_name="run")
+    return replace(R.Args(), **{**TINY_PLAYGROUND, **where, **kw})
 
 
 def test_episodes_run_on_across_checkpoints_unless_restarted(tmp_path):
