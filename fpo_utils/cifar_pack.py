@@ -135,6 +135,10 @@ class Pack:
         self.args, self.device = runs[0].args, runs[0].device
         self.convention, self.autocast = runs[0].convention, runs[0].autocast
         self.template = copy.deepcopy(net).to("meta")  # functional_call's module: the structure, no values
+        if not group_norm_maps(self.device):
+            for m in self.template.modules():
+                if type(m) is torch.nn.GroupNorm:
+                    m.__class__ = WrittenOutGroupNorm
         self.shapes = {name: p.shape for name, p in net.named_parameters()}
         self.flat = torch.stack([flatten(r.net.parameters()) for r in runs])
         moments = [adam_moments(r.optimizer, r.net) for r in runs]
@@ -274,6 +278,29 @@ class Pack:
         optimizer = {"state": state, "param_groups": copy.deepcopy(self.param_groups[s])}
         parts = {"model": model, "optimizer": optimizer, "weighting": run.rule.state_dict()}
         self.folders[s].save_checkpoint({"k": run.k, **parts, "history": run.history, "status": run.status})
+
+
+class WrittenOutGroupNorm(torch.nn.GroupNorm):
+    """GroupNorm in elementary operations, for a device whose group_norm kernel vmap cannot map (the CPU
+    kernel of PyTorch 2.11: "NYI: querying is_contiguous inside of vmap ..."; 2.13 maps it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = x.reshape(x.shape[0], self.num_groups, -1)
+        mean, var = g.mean(-1, keepdim=True), g.var(-1, unbiased=False, keepdim=True)
+        y = ((g - mean) * torch.rsqrt(var + self.eps)).reshape(x.shape)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return y * self.weight.view(shape) + self.bias.view(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def group_norm_maps(device: torch.device) -> bool:
+    """Whether vmap maps torch's group_norm on this device, for the 3-d and 4-d inputs the U-Net gives it."""
+    try:
+        for shape in ((2, 1, 4, 3), (2, 1, 4, 3, 3)):
+            vmap(lambda x: torch.nn.functional.group_norm(x, 2))(torch.ones(shape, device=device))
+    except RuntimeError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -121,6 +121,28 @@ def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device, monkeypa
         assert_same_folder(tmp_path / "alone" / name, tmp_path / "packed" / name)
 
 
+def test_written_out_group_norm_equals_torchs_and_serves_a_pack(tiny_train, tmp_path, monkeypatch):
+    """Where vmap cannot map torch's group_norm (PyTorch 2.11's CPU kernel), a pack writes it out: the same
+    values as nn.GroupNorm for the U-Net's 3-d and 4-d inputs, and a packed run still equals the run alone."""
+    torch.manual_seed(0)
+    for shape in ((4, 32, 64), (4, 32, 8, 8)):
+        ref = torch.nn.GroupNorm(8, 32, eps=1e-6)
+        torch.nn.init.normal_(ref.weight), torch.nn.init.normal_(ref.bias)
+        out = cifar_pack.WrittenOutGroupNorm(8, 32, eps=1e-6)
+        out.load_state_dict(ref.state_dict())
+        x = torch.randn(shape) * 3 + 1
+        torch.testing.assert_close(out(x), ref(x), rtol=1e-5, atol=1e-5)
+
+    monkeypatch.setattr(cifar_pack, "group_norm_maps", lambda device: False)
+    runs = {"a": dict(seed=2, alpha=-1.0), "b": dict(seed=3, alpha=1.0)}
+    alone = [run_args(tiny_train, tmp_path / "alone", name, num_updates=2, **kw) for name, kw in runs.items()]
+    for args in alone:
+        cifar_fpo.main(args)
+    cifar_pack.main([replace(a, runs_dir=str(tmp_path / "packed")) for a in alone])
+    for name in runs:
+        assert_same_folder(tmp_path / "alone" / name, tmp_path / "packed" / name)
+
+
 def test_interrupted_pack_keeps_finished_runs_and_resumes_either_way(tiny_train, tmp_path, monkeypatch):
     runs = {"short": dict(seed=1, num_updates=2), "a": dict(seed=2, alpha=-1.0), "b": dict(seed=3, alpha=1.0)}
     alone = [run_args(tiny_train, tmp_path / "alone", name, **{"num_updates": 6, **kw}) for name, kw in runs.items()]
