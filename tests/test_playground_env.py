@@ -55,10 +55,8 @@ def test_other_backends_refuse_a_physics(physics):
 pg = pytest.importorskip(
     "mujoco_playground", reason="the playground extra is not installed (pip install -e '.[playground]')"
 )
-needs_warp = pytest.mark.skipif(
-    importlib.util.find_spec("warp") is None,
-    reason="--physics warp needs warp-lang (the playground extra installs it)",
-)
+NO_WARP = "--physics warp needs warp-lang (the playground extra installs it)"
+needs_warp = pytest.mark.skipif(importlib.util.find_spec("warp") is None, reason=NO_WARP)
 
 
 def test_unknown_task_lists_close_matches():
@@ -217,8 +215,7 @@ def test_same_shape_shares_compiled_step_but_not_state(env):
 
 @pytest.fixture(scope="module")
 def warp_env():
-    if importlib.util.find_spec("warp") is None:
-        pytest.skip("--physics warp needs warp-lang (the playground extra installs it)")
+    pytest.importorskip("warp", reason=NO_WARP)
     from fpo_utils.playground_env import PlaygroundVecEnv
 
     e = PlaygroundVecEnv(
