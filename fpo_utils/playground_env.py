@@ -48,6 +48,9 @@ BLOCK_S = {
     "BallInCup": (1.86, 1.50),
     "AcrobotSwingup": (0.066, 0.167),
 }
+# Tasks whose fpo-preset runs have learned on MuJoCo Warp within the MJX and official runs' spread
+# (benchmarks/robot_results/README.md, "MuJoCo Warp at the fpo preset"). ``auto`` picks Warp only for these.
+WARP_LEARNS = ("WalkerRun", "BallInCup")
 
 
 def _import_jax_playground():
@@ -83,19 +86,16 @@ def check_task(env_name: str) -> None:
 
 
 def resolve_physics(env_name: str, physics: str) -> str:
-    """``"jax"`` (MJX) or ``"warp"`` (MuJoCo Warp) for ``--physics`` on task ``env_name``. ``auto``: the faster
-    physics where :data:`BLOCK_S` measured the task; elsewhere MuJoCo Warp for a task with contacts (its
-    Playground config sizes a contact buffer, ``naconmax > 0``), MJX for one without, as measured."""
+    """``"jax"`` (MJX) or ``"warp"`` (MuJoCo Warp) for ``--physics`` on task ``env_name``. ``auto``: MuJoCo Warp
+    where runs have learned on it (:data:`WARP_LEARNS`) and :data:`BLOCK_S` measured it faster, else MJX (the
+    official FPO code's physics)."""
     if physics not in ("auto", "jax", "warp"):
         raise RunError(f"--physics {physics!r} is not one of auto, jax (MJX), warp (MuJoCo Warp)")
     if physics != "auto":
         return physics
     check_task(env_name)
-    if env_name in BLOCK_S:
-        mjx_s, warp_s = BLOCK_S[env_name]
-        return "warp" if warp_s < mjx_s else "jax"
-    _, registry, _, _ = _import_jax_playground()
-    return "warp" if registry.get_default_config(env_name).get("naconmax", 0) > 0 else "jax"
+    faster = env_name in BLOCK_S and BLOCK_S[env_name][1] < BLOCK_S[env_name][0]
+    return "warp" if env_name in WARP_LEARNS and faster else "jax"
 
 
 def jax_device_for(jax, device: torch.device):
@@ -364,7 +364,7 @@ def _build(
             raise
         raise RunError(f"--physics warp on {env_name}: {str(err).splitlines()[0]} (pip install warp-lang)") from None
     if physics == "warp":
-        _no_iteration_warnings(base)
+        _warp_options(base, jax_device)
     if not isinstance(base.observation_size, int):
         raise RunError(
             f"Playground task {env_name!r} has structured observations {base.observation_size}; "
@@ -419,16 +419,26 @@ def _quiet_warp() -> None:
         warp.config.quiet = True
 
 
-def _no_iteration_warnings(base) -> None:
-    """MuJoCo Warp prints a line whenever a world's constraint solver or line search stops at its iteration
-    limit (``opt.iterations``, ``opt.ls_iterations`` from the task's MJCF). MJX stops at the same limits silently,
-    and Playground's tasks set them low on purpose (1 for BallInCup: a warning at every contact step), so only
-    these two warnings are turned off; those for overflowing contact or constraint buffers stay."""
+def _warp_options(base, jax_device) -> None:
+    """Two MuJoCo Warp options of the task's model.
+
+    Warnings: MuJoCo Warp prints a line whenever a world's constraint solver or line search stops at its
+    iteration limit (``opt.iterations``, ``opt.ls_iterations`` from the task's MJCF). MJX stops at the same
+    limits silently, and Playground's tasks set them low on purpose (1 for BallInCup: a warning at every contact
+    step), so only these two warnings are turned off; those for overflowing contact or constraint buffers stay.
+
+    Graph mode: on a GPU, ``WARP_STAGED`` (Warp captures each call as a CUDA graph with its own staging buffers)
+    instead of MJX's ``WARP``: with ``WARP``, CheetahRun's reward through this backend's jitted step was 0 at
+    every step (README, "MuJoCo Warp at the fpo preset"). On a CPU, ``JAX``, the mode MJX picks for a CPU device
+    (Playground builds the model for JAX's default device, which is the GPU on a GPU machine)."""
+    import warp
     from mujoco.mjx.third_party.mujoco_warp._src.types import OverflowType
 
     m = base._mjx_model  # every DM Control task keeps its MJX model here (``mjx_model`` reads it)
     flags = int(m.opt._impl.warn_overflow) & ~int(OverflowType.ITERATIONS | OverflowType.LS_ITERATIONS)
-    base._mjx_model = m.replace(opt=m.opt.replace(_impl=m.opt._impl.replace(warn_overflow=flags)))
+    mode = warp.JaxCallableGraphMode.JAX if jax_device.platform == "cpu" else warp.JaxCallableGraphMode.WARP_STAGED
+    impl = m.opt._impl.replace(warn_overflow=flags, graph_mode=mode)
+    base._mjx_model = m.replace(opt=m.opt.replace(_impl=impl))
 
 
 def _state_packer(jax, jnp, example):
