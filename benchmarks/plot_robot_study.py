@@ -94,6 +94,8 @@ def load_run(folder: Path) -> dict | None:
     backend = args.get("backend", "auto")
     if backend == "auto" and folder.name.startswith("envpool_"):
         backend = "envpool"
+    if backend == "playground" and args.get("physics") == "warp":
+        backend = "playground-warp"  # MuJoCo Warp physics: its own group, beside MJX's
     early, late = args.get("alpha_early"), args.get("alpha_late")
     alpha = (
         f"{early}->{late}"

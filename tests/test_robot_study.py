@@ -265,6 +265,7 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
         evals({0: 1.0, 7: 2.0}),
         {"status": "running", "updates_done": 7},
     )
+    write_run(d / "runs", "WalkerRun_warp_s0", {**FPO_ARGS, **common, "physics": "warp"}, evals({0: 3.0}), None)
     out = tmp_path / "out"
     r = subprocess.run(
         [sys.executable, str(PLOT), str(d), "--out", str(out)], capture_output=True, text=True, timeout=120
@@ -277,6 +278,8 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
     pp = groups[("CartpoleSwingup-v1", "fpopp", "envpool")]["runs"][0]
     assert (pp["alpha"], pp["updates_asked"], pp["status"], pp["peak"]) == (0.5, 150, "no summary", 4.0)
     assert groups[("WalkerRun-v1", "fpo", "envpool")]["runs"][0]["updates_done"] == 7
+    warp = groups[("AcrobotSwingup", "fpo", "playground-warp")]  # MuJoCo Warp runs apart from MJX's
+    assert [r["peak"] for r in warp["runs"]] == [3.0] and (out / "playground-warp_AcrobotSwingup.png").exists()
 
 
 def test_plot_refuses_a_folder_that_is_not_a_study(tmp_path):
