@@ -18,8 +18,8 @@ Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act
 Dict observations are routed (:class:`ObsRoute`): the actor reads some keys and the critic others,
 by default ``state`` and ``privileged_state`` where a task has both (MuJoCo Playground's asymmetric
 actor-critic: the critic also sees simulator quantities a robot cannot measure), else every key to
-both (DM Control), in sorted order on envpool and playground and in the space's order on gymnasium (as its
-FlattenObservation). An environment's observation is one flat vector, the actor's
+both (DM Control), in sorted order on envpool and playground and in the space's order on
+gymnasium (as its FlattenObservation). An environment's observation is one flat vector, the actor's
 keys then the critic's; ``route.obs_actor`` and ``route.obs_critic`` are their columns. A flat
 observation is read whole by both.
 

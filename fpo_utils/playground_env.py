@@ -1,4 +1,4 @@
-"""MuJoCo Playground's DM Control suite and locomotion tasks (MJX or MuJoCo Warp physics) stepped from a torch trainer.
+"""MuJoCo Playground's DM Control and locomotion tasks (MJX or MuJoCo Warp physics) stepped from a torch trainer.
 
 The physics runs in JAX on the device the trainer's tensors live on; observations, rewards and
 flags come back to torch, and actions go to JAX, through DLPack: both sides read the same memory,
@@ -505,15 +505,8 @@ def _build(
         trunc = state.info["truncation"]
         term = state.done * (1.0 - trunc)
         ep = state.info["episode_metrics"]
-        parts = (
-            flat(state.obs),
-            flat(state.info["final_obs"]),
-            state.reward,
-            term,
-            trunc,
-            ep["sum_reward"],
-            ep["length"],
-        )
+        obs, final = flat(state.obs), flat(state.info["final_obs"])
+        parts = (obs, final, state.reward, term, trunc, ep["sum_reward"], ep["length"])
         return pack(state), jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
 
     return SimpleNamespace(
