@@ -542,8 +542,9 @@ def _warp_options(base, jax_device) -> None:
 
     Graph mode: on a GPU, ``WARP_STAGED`` (Warp captures each call as a CUDA graph with its own staging buffers)
     instead of MJX's ``WARP``: with ``WARP``, CheetahRun's reward through this backend's jitted step was 0 at
-    every step (README, "MuJoCo Warp at the fpo preset"). On a CPU, ``JAX``, the mode MJX picks for a CPU device
-    (Playground builds the model for JAX's default device, which is the GPU on a GPU machine)."""
+    every step (benchmarks/robot_results/README.md, "MuJoCo Warp at the fpo preset"). On a CPU, ``JAX``, the
+    mode MJX picks for a CPU device (Playground builds the model for JAX's default device, which is the GPU on a
+    GPU machine)."""
     import warp
     from mujoco.mjx.third_party.mujoco_warp._src.types import OverflowType
 
