@@ -60,7 +60,7 @@ class Args:
     env_id: str = "HalfCheetah-v5"  # an envpool id (``WalkerRun-v1``, ...), a gymnasium id or a Playground task
     backend: Literal["auto", "envpool", "gymnasium", "playground"] = "auto"  # auto: envpool if it has the id
     num_envs: int = 64  # parallel environments
-    env_threads: int = 0  # envpool threads (0: one per core)
+    env_threads: int = 0  # envpool threads (0: one per core this process may use)
     episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
     physics: Literal["auto", "jax", "warp"] = "auto"  # playground: MJX (jax) or MuJoCo Warp; auto: per task, measured
     obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)

@@ -294,10 +294,18 @@ class WrittenOutGroupNorm(torch.nn.GroupNorm):
 
 @functools.lru_cache(maxsize=None)
 def group_norm_maps(device: torch.device) -> bool:
-    """Whether vmap maps torch's group_norm on this device, for the 3-d and 4-d inputs the U-Net gives it."""
+    """Whether vmap maps torch's group_norm on this device as a pack calls it: 3-d and 4-d inputs per run, with
+    each run's weight and bias, laid out channels-last as the CPU's convolutions return them (PyTorch 2.11's
+    CPU kernel then asks for the layout, which vmap cannot answer), without and with autograd."""
+    norm = torch.nn.functional.group_norm
     try:
-        for shape in ((2, 1, 4, 3), (2, 1, 4, 3, 3)):
-            vmap(lambda x: torch.nn.functional.group_norm(x, 2))(torch.ones(shape, device=device))
+        for shape in ((2, 2, 8, 16), (2, 2, 8, 4, 4)):
+            last = (0, 1, *range(3, len(shape)), 2)  # channels last in memory, same logical shape
+            x = torch.randn([shape[i] for i in last], device=device).permute(*torch.argsort(torch.tensor(last)))
+            w = torch.ones(shape[0], shape[2], device=device, requires_grad=True)
+            with torch.no_grad():
+                vmap(lambda x, w, b: norm(x, 4, w, b))(x, w, w)
+            vmap(lambda x, w, b: norm(x, 4, w, b))(x, w, w).sum().backward()
     except RuntimeError:
         return False
     return True

@@ -364,7 +364,7 @@ class EnvpoolVecEnv(_Base):
         import envpool
 
         self.env_id, self._envpool = env_id, envpool
-        self._threads = min(num_envs, threads if threads > 0 else (os.cpu_count() or 1))
+        self._threads = min(num_envs, threads if threads > 0 else len(os.sched_getaffinity(0)))
         self._pool, self._seed, self._fresh = None, None, False
         self.route = route_obs(envpool.make_spec(env_id).observation_space, env_id, *obs_keys)
         self._make(num_envs, seed)

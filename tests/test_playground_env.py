@@ -110,16 +110,13 @@ def test_physics_auto_is_warp_where_it_learned_and_is_faster():
     for task, (mjx_s, warp_s) in BLOCK_S.items():
         want = "warp" if task in WARP_LEARNS and warp_s < mjx_s else "jax"
         assert resolve_physics(task, "auto") == want, task
-    assert [resolve_physics(t, "auto") for t in ("WalkerRun", "BallInCup", "CheetahRun", "AcrobotSwingup")] == [
-        "warp",
-        "warp",
-        "jax",
-        "jax",
-    ]
+    # MuJoCo Warp (staged graph mode) is slower than MJX on WalkerRun and BallInCup, a little faster on CheetahRun
+    auto = [resolve_physics(t, "auto") for t in ("WalkerRun", "BallInCup", "CheetahRun", "AcrobotSwingup")]
+    assert auto == ["jax", "jax", "warp", "jax"]
     # not measured: MJX, with or without contacts
     assert {resolve_physics(t, "auto") for t in ("HopperHop", "FingerSpin", "CartpoleSwingup", "FishSwim")} == {"jax"}
     assert resolve_physics("WalkerRun", "jax") == "jax" and resolve_physics("AcrobotSwingup", "warp") == "warp"
-    got = env_settings("BallInCup", "playground", "", "", "auto")
+    got = env_settings("CheetahRun", "playground", "", "", "auto")
     assert got == {"obs_actor": "", "obs_critic": "", "physics": "warp"}
 
 
