@@ -123,6 +123,7 @@ def main(b: BenchArgs) -> dict:
         **over,
     )
     robot_fpo.validate_args(args)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32  # as robot_fpo.main
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
     torch.manual_seed(b.seed)
     state = robot_fpo.build_state(args, device)
