@@ -58,7 +58,7 @@ BLOCK_S = {
     "BallInCup": (2.787, 4.606),
     "CheetahRun": (1.500, 1.458),
 }
-# Tasks whose fpo-preset runs have learned on MuJoCo Warp within the MJX runs' spread (same README section).
+# Tasks whose fpo-preset runs on MuJoCo Warp peaked within the range of the MJX and official runs (same README section).
 # ``auto`` picks Warp only for these, and only where BLOCK_S measured it faster.
 WARP_LEARNS = ("WalkerRun", "BallInCup", "CheetahRun")
 
