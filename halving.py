@@ -1457,15 +1457,20 @@ def read_run(folder: Path, unit: str = "updates") -> Dict[str, Any]:
     return {"task": task, "label": label, "seed": int(args["seed"]), "curve": curve, "folder": str(folder)}
 
 
-def runs_to_curves(paths: Sequence[str], unit: str = "updates", task: Optional[str] = None) -> Dict[str, Any]:
+def runs_to_curves(
+    paths: Sequence[str], unit: str = "updates", task: Optional[str] = None, until: Optional[float] = None
+) -> Dict[str, Any]:
     """Collect run folders of one task into the replay's input.
 
     Runs are grouped by candidate (exponent, target or weighting rule) and seed; repeated runs
     of one candidate and seed are averaged pointwise over the evaluations they share
-    (app:halving-robotics). The evaluation grid is the union of all runs' points; a point a run
-    did not record is NaN. Every candidate needs the same seeds.
+    (app:halving-robotics). The evaluation grid is the union of all runs' points up to `until`
+    (all of them by default); a point a run did not record is NaN. Every candidate needs the same seeds.
     """
     runs = [read_run(f, unit) for f in _run_folders(paths)]
+    if until is not None:  # a common budget for runs that were cut at different points
+        for r in runs:
+            r["curve"] = {st: v for st, v in r["curve"].items() if st <= until}
     tasks = sorted({r["task"] for r in runs})
     if len(tasks) != 1:
         raise ValueError(f"runs of several tasks {tasks}; convert one task at a time")
@@ -1620,6 +1625,8 @@ class CurvesArgs:
     """Evaluation axis: `updates`, or `steps` (robot environment steps)."""
     task: Optional[str] = None
     """Task name stored in the file (default: the reward, or the environment and objective)."""
+    until: Optional[float] = None
+    """Keep only evaluations at or before this point (in `unit`): a common budget for runs cut at different points."""
 
 
 def run_replay(cli: ReplayArgs) -> Dict[str, Any]:
@@ -1691,7 +1698,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         return result
     if isinstance(cmd, ReplayArgs):
         return run_replay(cmd)
-    data = runs_to_curves(cmd.runs, cmd.unit, cmd.task)
+    data = runs_to_curves(cmd.runs, cmd.unit, cmd.task, cmd.until)
     Path(cmd.out).write_text(json.dumps(data, indent=2))
     print(
         f"{data['task']}: {len(data['curves'])} candidates x {len(data['seeds'])} seeds x "

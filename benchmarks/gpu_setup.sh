@@ -9,7 +9,7 @@ mkdir -p /tmp/so /tmp/sp /tmp/ep
 tar xJf "$_b/pg/site_ours.tar.xz" -C /tmp/so
 tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp
 tar xzf "$_b/envpool.tar.gz" -C /tmp/ep
-if [ -f "$_b/legged.tar.xz" ]; then tar xJf "$_b/legged.tar.xz" -C /tmp/ep; fi  # Spot and Go1 (LEGGED=1)
+if [ -f "$_b/legged.tar.xz" ]; then tar xJf "$_b/legged.tar.xz" -C /tmp/ep; fi  # Spot, Go1 and G1 (LEGGED=1)
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
 export OURS=/tmp/site:/tmp/so:/tmp/ep/envpool_bundle
 # warp-lang for --physics warp (gpu_bundle.sh): this call's parts from DIR/warp/ join those earlier calls left in

@@ -9,7 +9,8 @@ Writes to --out:
 - vs_official_TASK.png: the official evaluation curve beside our alpha_eps = 1 FPO runs;
 - alpha_study_TASK.png: per alpha_eps the mean curve over seeds (evaluation points every seed has),
   each run thin, mean peak +- std and the paper's 244-block number in the legend;
-- fpopp_ENV.png (FPO++ runs, x = update), envpool_ENV.png (envpool FPO runs, x = block);
+- fpopp_ENV.png (FPO++ runs, x = update), fpopp_ENV_train.png (their training return: episodes that
+  ended in an update's rollout, running mean over 10 updates), envpool_ENV.png (envpool FPO runs, x = block);
 - study.json, study.md: per (task, objective, backend) the runs (updates done / asked, status,
   peak (eq:peak) and its block, final evaluation, divergence events), per alpha the mean +- std of
   the peaks (numpy's std, ddof 0) over seeds, and the official runs (peak, median s per block).
@@ -129,6 +130,7 @@ def load_run(folder: Path) -> dict | None:
         if status == "nonfinite" and not events:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
+    train = [(r["update"], float(r["episodic_return"])) for r in rows if is_finite(r.get("episodic_return"))]
     return {
         "run": folder.name,
         "task": args.get("env_id", "?"),
@@ -146,6 +148,7 @@ def load_run(folder: Path) -> dict | None:
         "peak_update": peak[0] if peak else None,
         "final_eval": evals[-1][2] if evals else None,
         "events": events,
+        "train": train,  # (update, mean return of the episodes that ended in that update's rollout)
     }
 
 
@@ -243,18 +246,25 @@ def by_alpha(runs: list[dict], task: str, objective: str) -> list[dict]:
     return out
 
 
-def plot(path: Path, title: str, xlabel: str, lines: list[tuple]) -> None:
+def plot(path: Path, title: str, xlabel: str, lines: list[tuple], ylabel: str = "evaluation return") -> None:
     """lines: (xs, ys, style dict)."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for xs, ys, kw in lines:
         ax.plot(xs, ys, **kw)
-    ax.set(xlabel=xlabel, ylabel="evaluation return", title=title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if any("label" in kw for *_, kw in lines):
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print("wrote", path)
+
+
+def train_curve(run: dict, width: int = 10) -> tuple[list, list]:
+    """The training return as a running mean over `width` updates (rows that had finished episodes)."""
+    us, vs = zip(*run["train"])
+    width = min(width, len(vs))
+    return list(us[width - 1 :]), list(np.convolve(vs, np.ones(width) / width, mode="valid"))
 
 
 def xy(run: dict, key: str) -> tuple[list, list]:
@@ -294,7 +304,7 @@ def main() -> None:
             "objective": obj,
             "backend": backend,
             "block_budget": budget,
-            "runs": [{k: v for k, v in r.items() if k != "evals"} for r in rs],
+            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train")} for r in rs],
             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
         }
@@ -330,6 +340,13 @@ def main() -> None:
             f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |"
             for s in alphas
         ]
+        if obj == "fpopp" and all(r["train"] for r in rs):  # compared where every run of the group got to
+            upto = min(r["train"][-1][0] for r in rs)
+            md += ["", f"| alpha | n | training return, updates {max(1, upto - 9)}-{upto}: mean +- std over seeds |"]
+            md += ["|---|---|---|"]
+            for s in alphas:
+                last = [np.mean([v for u, v in r["train"] if upto - 10 < u <= upto]) for r in s["runs"]]
+                md.append(f"| {s['alpha']} | {len(last)} | {fnum(np.mean(last))} +- {fnum(np.std(last))} |")
         if "paper_note" in g:
             md += ["", g["paper_note"]]
         md.append("")
@@ -341,6 +358,14 @@ def main() -> None:
                 for r in s["runs"]
             ]
             plot(a.out / f"fpopp_{task}.png", f"{task}, FPO++ ({backend})", "update", lines)
+            lines = [  # the training return, a running mean over 10 updates
+                (*train_curve(r), {"color": f"C{i}", "lw": 1, "label": f"alpha {s['alpha']}, seed {r['seed']}"})
+                for i, s in enumerate(alphas)
+                for r in s["runs"]
+                if r["train"]
+            ]
+            ylabel = "training return (finished episodes, mean of 10 updates)"
+            plot(a.out / f"fpopp_{task}_train.png", f"{task}, FPO++ ({backend})", "update", lines, ylabel)
         elif backend != "playground":
             lines = [
                 (

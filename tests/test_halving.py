@@ -591,6 +591,9 @@ def test_run_folders_convert_to_curves_and_replay_prints_the_tables(tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["steps"] == [0, 20, 40] and data["seeds"] == [1, 2, 3] and data["native"] == "1"
     np.testing.assert_allclose(data["curves"]["1"][1], [0, 0.3, 0.6])
+    run_cli(["curves", "runs", "--until", "20", "--out", "c20.json"], cwd=tmp_path)  # a common budget
+    cut = json.loads((tmp_path / "c20.json").read_text())
+    assert cut["steps"] == [0, 20] and cut["curves"]["1"][1] == [0, 0.3]
     # first cut 50% of 40 -> step 20. Early peaks -1: (.5, .25, .2), 1: (.4, .3, .1) -> pi(1) = 1/3.
     # Pbar(-1) = (.6+.9+.4)/3, Pbar(1) = (.8+.6+.3)/3; selected = 2/3 Pbar(-1) + 1/3 Pbar(1).
     out = run_cli(

@@ -245,6 +245,8 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
         },
         [
             {"update": 0, "global_step": 0, "eval_return": 1.0},
+            {"update": 1, "global_step": 32768, "episodic_return": 1.0},
+            {"update": 2, "global_step": 2 * 32768, "episodic_return": 3.0},
             {"update": 15, "global_step": 15 * 32768, "eval_return": 4.0},
         ],
         None,
@@ -272,6 +274,9 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert (out / "fpopp_CartpoleSwingup-v1.png").exists() and (out / "envpool_WalkerRun-v1.png").exists()
+    assert (out / "fpopp_CartpoleSwingup-v1_train.png").exists()  # the training return beside the evaluation
+    assert "training return, updates 1-2" in (out / "study.md").read_text()
+    assert "| 0.5 | 1 | 2 +- 0 |" in (out / "study.md").read_text()  # mean of the returns up to update 2
     groups = {
         (g["task"], g["objective"], g["backend"]): g for g in json.loads((out / "study.json").read_text())["groups"]
     }
