@@ -36,6 +36,9 @@ from torch.func import functional_call, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cifar_update import sync  # noqa: E402
+
 from fpo_utils.cifar_fast import pick_device, set_precision  # noqa: E402
 from fpo_utils.unet import DEFAULT_MODEL, load_unet  # noqa: E402
 
@@ -62,11 +65,6 @@ class Args:
     """Tiny sizes to check the script on a CPU."""
     json: Optional[str] = None
     """Write the rows to this JSON file."""
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn: Callable, reps: int, device) -> float:
