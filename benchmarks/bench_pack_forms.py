@@ -11,7 +11,8 @@ each call for K runs with their own parameters in the forms a pack could take:
 * ``loop``: K runs' calls one after another, eager;
 * ``loop-graph``: the K calls replayed as one CUDA graph (each run's kernels are the run-alone ones,
   launched by the graph instead of by Python);
-* ``-cl`` suffix: the inputs in channels-last layout.
+* ``-cl`` suffix: the inputs in channels-last layout;
+* ``vmap-compile``: the mapped call through ``torch.compile`` (fused normalisation and activations).
 
 Every row is ms per run per call, so "alone / row" is the speed-up a pack of that form can give those
 calls (the update also has the sampler's Euler arithmetic, the rewards and Adam).
@@ -42,15 +43,15 @@ from bench_cifar_update import sync  # noqa: E402
 from fpo_utils.cifar_fast import pick_device, set_precision  # noqa: E402
 from fpo_utils.unet import DEFAULT_MODEL, load_unet  # noqa: E402
 
-FORMS = ("alone", "alone-graph", "vmap", "vmap-graph", "loop", "loop-graph", "loop-cl", "loop-graph-cl")
+FORMS = ("alone", "alone-graph", "vmap", "vmap-graph", "loop", "loop-graph", "loop-cl", "loop-graph-cl", "vmap-compile")
 
 
 @dataclass
 class Args:
     packs: Tuple[int, ...] = (8, 32)
     """Pack sizes K to time."""
-    forms: Tuple[str, ...] = FORMS
-    """Forms to time (see the top of the file)."""
+    forms: Tuple[str, ...] = FORMS[:-1]
+    """Forms to time (see the top of the file; vmap-compile, minutes of compiling, only when named)."""
     precision: str = "tf32"
     """fp32 or tf32."""
     sample_batch: int = 64
@@ -101,11 +102,13 @@ def calls(net, params, k: int, batch: int, backward: bool, form: str, device):
     stacked = {n: p.detach().unsqueeze(0).repeat(runs, *[1] * p.dim()).requires_grad_(backward) for n, p in params}
     one = lambda p, xi, ti: functional_call(net, p, (xi, ti)).square().mean()  # noqa: E731
 
+    mapped = torch.compile(vmap(one)) if form == "vmap-compile" else vmap(one)
+
     def run():
         if form.startswith("vmap"):  # as the pack: PyTorch's math attention where fused kernels refuse a mapped batch
             math = backward or device.type == "cpu"
             with sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext():
-                losses = vmap(one)(stacked, x, t)
+                losses = mapped(stacked, x, t)
         else:
             per_run = [{n: v[i] for n, v in stacked.items()} for i in range(runs)]
             losses = torch.stack([one(p, x[i], t[i]) for i, p in enumerate(per_run)])
