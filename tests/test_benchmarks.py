@@ -1,5 +1,6 @@
 """Arithmetic of the CIFAR speed benchmarks (the timings themselves need a GPU)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -70,3 +71,27 @@ def test_robot_blocks_summary_leaves_the_first_block_out():
     assert row["startup_s"] == 9.0 and row["blocks_done"] == 4
     empty = bench_robot_blocks.summarise("official", "WalkerRun", 124, 3.0, [], [])
     assert empty["block_s_median"] is None and empty["startup_s"] is None
+
+
+def test_landscape_pools_grid_parts_by_reward_alpha_and_seed(tmp_path):
+    import plot_cifar_grid
+
+    def run(alpha, seed, peak, weighting="fixed", target=None):
+        s = {"weighting": weighting, "target": target, "alpha": alpha}
+        return {"task": "edge", "settings": s, "seed": seed, "peak": peak}
+
+    a = tmp_path / "a" / "grid.json"
+    a.parent.mkdir()
+    a.write_text(json.dumps({"runs": [run(0.0, 1, 0.5), run(0.0, 2, 0.7), run(1.0, 1, 0.2)]}))
+    b = tmp_path / "b.json"  # a second part: a new seed, a repeated run (replaces), a target run and a failed run
+    rows = [run(0.0, 3, 0.9), run(1.0, 1, 0.4), run(None, 1, 0.1, target="x0"), run(-1.0, 1, None)]
+    b.write_text(json.dumps({"runs": rows}))
+    data = plot_cifar_grid.fixed_alpha_peaks((str(a.parent), str(b)))
+    assert data == {"edge": {0.0: {1: 0.5, 2: 0.7, 3: 0.9}, 1.0: {1: 0.4}}}
+    m, sd = plot_cifar_grid.mean_sd(list(data["edge"][0.0].values()))
+    assert m == pytest.approx(0.7) and sd == pytest.approx(0.2)
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(a), str(b)), out=str(tmp_path / "out")))
+    table = (tmp_path / "out" / "landscape.md").read_text()
+    assert "| edge | 0 | 3 | 0.7000 +- 0.2000 | 1, 2, 3 | 0 |" in table
+    assert "| edge | 1 | 1 | 0.4000 | 1 | 0 |" in table
+    assert (tmp_path / "out" / "landscape.png").stat().st_size > 1000
