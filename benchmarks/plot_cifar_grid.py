@@ -1,11 +1,16 @@
-"""The CIFAR alpha landscape from `halving.py cifar-grid` results: mean per-run peak +- SD against alpha.
+"""The CIFAR alpha landscape and scale study from `halving.py cifar-grid` results.
 
-Reads one or more grid.json files (a grid run in parts, e.g. a seed or a reward per part), pools their
-runs of the fixed 12-bin alpha family by (reward, alpha, seed) (a later file's run replaces an earlier
-one's), and writes one panel per reward (`landscape.png`) and the same numbers as a Markdown table
-(`landscape.md`). The paper's selected shape at g = 1 (tab:scale) is marked on each panel.
+Reads one or more grid.json files (a grid run in parts, e.g. a seed or a reward per part) and pools
+their runs of the fixed 12-bin alpha family (q+a estimator) by (reward, g, alpha, seed); a later
+file's run replaces an earlier one's. Writes:
 
-    python benchmarks/plot_cifar_grid.py runs/grids/*/grid.json --out benchmarks/cifar_results
+* `landscape.png` / `landscape.md`: per reward, the mean per-run peak +- SD against alpha at g = 1
+  (fig:image_landscape), with the paper's selected shape at g = 1 (tab:scale) marked;
+* where a reward has runs at several scales g: `scale.md`, the shape with the best mean peak at each
+  g and the maximum regret of keeping the g = 1 winner (tab:scale), and `scale_ranks.png`, the
+  within-scale ranks of the shapes (fig:scale-ranks).
+
+    python benchmarks/plot_cifar_grid.py runs/cifar/*/grid.json --out benchmarks/cifar_results
 """
 
 from __future__ import annotations
@@ -20,10 +25,23 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
 # tab:scale, column g = 1: the shape with the best mean per-run validation peak on the seven-profile grid.
 PAPER_G1_WINNER = {"auto-a35": -1.0, "mixed": -1.0, "edge": 0.0, "clip": -1.0, "simclr": -1.0, "digit7": -0.5}
+# tab:scale: the winner at g = .5, .75, 1, 1.5, 2 and the maximum regret of keeping the g = 1 winner.
+PAPER_SCALE = {
+    "auto-a35": ((-1, -1, -1, -1, -1), 0.0),
+    "mixed": ((-1, -1, -1, -0.5, -0.5), 0.1268),
+    "edge": ((0, 0, 0, 0, 0), 0.0),
+    "clip": ((-1, -1, -1, -1, -1), 0.0),
+    "simclr": ((-1, -1, -1, -1, -1), 0.0),
+    "digit7": ((0, -0.5, -0.5, 0, 0), 0.0248),
+}
+PAPER_GS = (0.5, 0.75, 1.0, 1.5, 2.0)
+
+Peaks = Dict[str, Dict[float, Dict[float, Dict[int, float]]]]  # reward -> g -> alpha -> seed -> peak
 
 
 @dataclass
@@ -31,19 +49,23 @@ class Args:
     grids: tyro.conf.Positional[Tuple[str, ...]]
     """grid.json files of `halving.py cifar-grid` (or their folders)."""
     out: str = "."
-    """Folder for landscape.png and landscape.md."""
+    """Folder for the PNGs and tables."""
 
 
-def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Dict[str, Dict[float, Dict[int, float]]]:
-    """reward -> alpha -> seed -> per-run peak, over the runs of the fixed alpha family that have a peak."""
-    out: Dict[str, Dict[float, Dict[int, float]]] = {}
+def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Peaks:
+    """reward -> g -> alpha -> seed -> per-run peak, over the runs of the fixed alpha family (q+a) that
+    have a peak."""
+    out: Peaks = {}
     for p in paths:
         path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
         for run in json.loads(path.read_text())["runs"]:
             s = run["settings"]
-            if s.get("weighting") != "fixed" or s.get("target") or run.get("peak") is None:
+            if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
                 continue
-            out.setdefault(run["task"], {}).setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
+            if run.get("peak") is None:
+                continue
+            by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
+            by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
     return out
 
 
@@ -53,36 +75,86 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
     return m, sd
 
 
+def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
+    """Over the shapes present at every g: the winner (best mean peak) at each g, the maximum regret of
+    keeping the g = 1 winner, and the within-scale ranks (1 = best) as an (alphas, gs) array."""
+    gs = sorted(by_g)
+    alphas = sorted(set.intersection(*(set(by_g[g]) for g in gs)))
+    means = np.array([[mean_sd(list(by_g[g][a].values()))[0] for g in gs] for a in alphas])
+    winners = {g: alphas[int(np.argmax(means[:, j]))] for j, g in enumerate(gs)}
+    regret = 0.0
+    if 1.0 in by_g:
+        keep = alphas.index(winners[1.0])
+        regret = float(max(means[:, j].max() - means[keep, j] for j in range(len(gs))))
+    ranks = np.argsort(np.argsort(-means, axis=0), axis=0) + 1
+    return {"gs": gs, "alphas": alphas, "means": means, "winners": winners, "regret": regret, "ranks": ranks}
+
+
+def write_landscape(data: Peaks, out: Path) -> None:
+    rewards = sorted(r for r in data if 1.0 in data[r])
+    fig, axes = plt.subplots(1, len(rewards), figsize=(4.2 * len(rewards), 3.4), squeeze=False)
+    lines = ["| reward | alpha | n | peak mean +- SD | seeds | paper's g = 1 shape (tab:scale) |", "|---" * 6 + "|"]
+    for ax, reward in zip(axes[0], rewards):
+        runs = data[reward][1.0]
+        alphas = sorted(runs)
+        stats = [mean_sd(list(runs[a].values())) for a in alphas]
+        sds = [0 if math.isnan(s) else s for _, s in stats]
+        ax.errorbar(alphas, [m for m, _ in stats], yerr=sds, marker="o", capsize=3)
+        if reward in PAPER_G1_WINNER:
+            ax.axvline(PAPER_G1_WINNER[reward], color="gray", ls="--", label="paper's g = 1 shape")
+            ax.legend(fontsize=8)
+        n = sorted({len(runs[a]) for a in alphas})
+        ax.set_title(f"{reward} (n = {'-'.join(map(str, n))} seeds)")
+        ax.set(xlabel="alpha (smaller: more high-noise emphasis)", ylabel="per-run validation peak")
+        for a, (m, s) in zip(alphas, stats):
+            seeds = ", ".join(str(k) for k in sorted(runs[a]))
+            sd = "" if math.isnan(s) else f" +- {s:.4f}"
+            paper = PAPER_G1_WINNER.get(reward)
+            paper = "" if paper is None else f"{paper:g}"
+            lines.append(f"| {reward} | {a:g} | {len(runs[a])} | {m:.4f}{sd} | {seeds} | {paper} |")
+    fig.tight_layout()
+    fig.savefig(out / "landscape.png", dpi=110)
+    plt.close(fig)
+    (out / "landscape.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'landscape.png'} {out / 'landscape.md'}")
+
+
+def write_scale(data: Peaks, out: Path) -> None:
+    rewards = sorted(r for r in data if len(data[r]) > 1)
+    if not rewards:
+        return
+    fig, axes = plt.subplots(1, len(rewards), figsize=(3.6 * len(rewards), 3.6), squeeze=False)
+    lines = ["| reward | source | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
+    lines.append("|---" * (len(PAPER_GS) + 3) + "|")
+    for ax, reward in zip(axes[0], rewards):
+        s = scale_summary(data[reward])
+        cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
+        lines.append(f"| {reward} | this code | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
+        if reward in PAPER_SCALE:
+            won, regret = PAPER_SCALE[reward]
+            lines.append(f"| {reward} | paper | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
+        ax.imshow(s["ranks"], cmap="viridis_r", aspect="auto")
+        for (i, j), r in np.ndenumerate(s["ranks"]):
+            dark = r > (len(s["alphas"]) + 1) / 2  # viridis_r: the low ranks are dark
+            ax.text(j, i, str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8)
+        ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
+        ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
+        ax.set(title=f"{reward}: rank within scale", xlabel="scale g", ylabel="alpha")
+    fig.tight_layout()
+    fig.savefig(out / "scale_ranks.png", dpi=110)
+    plt.close(fig)
+    (out / "scale.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'scale_ranks.png'} {out / 'scale.md'}")
+
+
 def main(args: Args) -> None:
     data = fixed_alpha_peaks(args.grids)
     if not data:
         raise SystemExit(f"error: no fixed-alpha runs with a peak in {', '.join(args.grids)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rewards = sorted(data)
-    fig, axes = plt.subplots(1, len(rewards), figsize=(4.2 * len(rewards), 3.4), squeeze=False)
-    lines = ["| reward | alpha | n | peak mean +- SD | seeds | paper's g = 1 shape (tab:scale) |", "|---" * 6 + "|"]
-    for ax, reward in zip(axes[0], rewards):
-        alphas = sorted(data[reward])
-        stats = [mean_sd(list(data[reward][a].values())) for a in alphas]
-        sds = [0 if math.isnan(s) else s for _, s in stats]
-        ax.errorbar(alphas, [m for m, _ in stats], yerr=sds, marker="o", capsize=3)
-        if reward in PAPER_G1_WINNER:
-            ax.axvline(PAPER_G1_WINNER[reward], color="gray", ls="--", label="paper's g = 1 shape")
-            ax.legend(fontsize=8)
-        n = sorted({len(data[reward][a]) for a in alphas})
-        ax.set_title(f"{reward} (n = {'-'.join(map(str, n))} seeds)")
-        ax.set(xlabel="alpha (smaller: more high-noise emphasis)", ylabel="per-run validation peak")
-        for a, (m, s) in zip(alphas, stats):
-            seeds = ", ".join(str(k) for k in sorted(data[reward][a]))
-            sd = "" if math.isnan(s) else f" +- {s:.4f}"
-            paper = PAPER_G1_WINNER.get(reward)
-            paper = "" if paper is None else f"{paper:g}"
-            lines.append(f"| {reward} | {a:g} | {len(data[reward][a])} | {m:.4f}{sd} | {seeds} | {paper} |")
-    fig.tight_layout()
-    fig.savefig(out / "landscape.png", dpi=110)
-    (out / "landscape.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'landscape.png'} {out / 'landscape.md'}")
+    write_landscape(data, out)
+    write_scale(data, out)
 
 
 if __name__ == "__main__":

@@ -87,11 +87,26 @@ def test_landscape_pools_grid_parts_by_reward_alpha_and_seed(tmp_path):
     rows = [run(0.0, 3, 0.9), run(1.0, 1, 0.4), run(None, 1, 0.1, target="x0"), run(-1.0, 1, None)]
     b.write_text(json.dumps({"runs": rows}))
     data = plot_cifar_grid.fixed_alpha_peaks((str(a.parent), str(b)))
-    assert data == {"edge": {0.0: {1: 0.5, 2: 0.7, 3: 0.9}, 1.0: {1: 0.4}}}
-    m, sd = plot_cifar_grid.mean_sd(list(data["edge"][0.0].values()))
+    assert data == {"edge": {1.0: {0.0: {1: 0.5, 2: 0.7, 3: 0.9}, 1.0: {1: 0.4}}}}
+    m, sd = plot_cifar_grid.mean_sd(list(data["edge"][1.0][0.0].values()))
     assert m == pytest.approx(0.7) and sd == pytest.approx(0.2)
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(a), str(b)), out=str(tmp_path / "out")))
     table = (tmp_path / "out" / "landscape.md").read_text()
     assert "| edge | 0 | 3 | 0.7000 +- 0.2000 | 1, 2, 3 | 0 |" in table
     assert "| edge | 1 | 1 | 0.4000 | 1 | 0 |" in table
     assert (tmp_path / "out" / "landscape.png").stat().st_size > 1000
+    assert not (tmp_path / "out" / "scale.md").exists()  # one scale only
+
+
+def test_scale_winners_regret_and_ranks_follow_tab_scale():
+    import plot_cifar_grid
+
+    # mean peaks (alpha rows -1, 0, 1; g columns .5, 1, 2); seed pairs average to them
+    means = {-1.0: (0.5, 0.8, 0.6), 0.0: (0.7, 0.9, 0.5), 1.0: (0.6, 0.1, 0.9)}
+    by_g = {g: {a: {1: m[j] - 0.01, 2: m[j] + 0.01} for a, m in means.items()} for j, g in enumerate((0.5, 1.0, 2.0))}
+    by_g[2.0][5.0] = {1: 1.0}  # a shape missing at the other scales is left out
+    s = plot_cifar_grid.scale_summary(by_g)
+    assert s["alphas"] == [-1.0, 0.0, 1.0]
+    assert s["winners"] == {0.5: 0.0, 1.0: 0.0, 2.0: 1.0}
+    assert s["regret"] == pytest.approx(0.9 - 0.5)  # keeping alpha 0 at g = 2
+    assert s["ranks"].tolist() == [[3, 2, 2], [1, 1, 3], [2, 3, 1]]
