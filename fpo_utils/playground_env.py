@@ -189,6 +189,14 @@ def load_task(env_name: str, physics: str):
 
 
 @functools.lru_cache(maxsize=None)
+def _mjx_task(env_name: str):
+    """The MJX task, built once per process: `observation_space` reads its shapes and the MJX environments step
+    it (a locomotion task takes seconds to build). Warp tasks are built per environment (`_warp_options` sets
+    their model's options for a device)."""
+    return load_task(env_name, "jax")
+
+
+@functools.lru_cache(maxsize=None)
 def observation_space(env_name: str) -> dict | None:
     """The shapes of a locomotion task's dict observation (``{key: ShapeDtypeStruct}``, for ``route_obs``),
     read by tracing one reset of the MJX task; None for a DM Control task (its observation is flat)."""
@@ -196,7 +204,7 @@ def observation_space(env_name: str) -> dict | None:
     if not is_locomotion(env_name):
         return None
     jax, _, _, _ = _import_jax_playground()
-    obs = jax.eval_shape(load_task(env_name, "jax").reset, jax.random.PRNGKey(0)).obs
+    obs = jax.eval_shape(_mjx_task(env_name).reset, jax.random.PRNGKey(0)).obs
     return dict(obs) if isinstance(obs, dict) else None
 
 
@@ -472,7 +480,7 @@ def _build(
 ) -> SimpleNamespace:
     """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics,
     routed keys). A dict observation leaves the step as the ``columns`` keys concatenated, flat."""
-    base = load_task(env_name, physics)
+    base = _mjx_task(env_name) if physics == "jax" else load_task(env_name, physics)
     if physics == "warp":
         _warp_options(base, jax_device)
     size = base.observation_size

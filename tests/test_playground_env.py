@@ -633,7 +633,8 @@ def test_missing_menagerie_is_one_line_and_never_cloned(monkeypatch, tmp_path):
 
     monkeypatch.setattr(mjx_env, "_clone_with_progress", no_clone)
     monkeypatch.setattr(playground_env, "menagerie_roots", lambda: {playground_env.LARGE: tmp_path})
-    playground_env.observation_space.cache_clear()  # shapes read with the real assets must not hide the error
+    playground_env.observation_space.cache_clear()  # shapes read with the real assets must not hide the error,
+    playground_env._mjx_task.cache_clear()  # nor a task built with them
     missing = (
         (GO1, f"({tmp_path / 'unitree_go1'})", playground_env.LARGE),  # the wheel's folder lacks the robot
         ("G1JoystickFlatTerrain", f"({playground_env.HUMANOID} is not installed)", playground_env.HUMANOID),
@@ -647,3 +648,4 @@ def test_missing_menagerie_is_one_line_and_never_cloned(monkeypatch, tmp_path):
             assert err.value.code == EXIT_BAD_INPUT
     finally:
         playground_env.observation_space.cache_clear()
+        playground_env._mjx_task.cache_clear()
