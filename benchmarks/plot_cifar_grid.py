@@ -8,7 +8,11 @@ file's run replaces an earlier one's. Writes:
   (fig:image_landscape), with the paper's selected shape at g = 1 (tab:scale) marked;
 * where a reward has runs at several scales g: `scale.md`, the shape with the best mean peak at each
   g and the maximum regret of keeping the g = 1 winner (tab:scale), and `scale_ranks.png`, the
-  within-scale ranks of the shapes (fig:scale-ranks).
+  within-scale ranks of the shapes (fig:scale-ranks);
+* where a grid ran named targets: `targets.md`, the peaks of the x0, v and eps targets (eq:targets).
+  In the 12-bin family x0 is alpha = 0 and v is alpha = 1, so their alpha runs fill those columns;
+* where the runs' folders still hold sample grids: `samples.jpg`, a corner of each run's last sample
+  grid (one seed), per reward and weighting.
 
     python benchmarks/plot_cifar_grid.py runs/cifar/*/grid.json --out benchmarks/cifar_results
 """
@@ -66,6 +70,25 @@ def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Peaks:
                 continue
             by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
             by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
+    return out
+
+
+def target_peaks(paths: Tuple[str, ...], data: Peaks) -> Dict[str, Dict[str, Dict[int, float]]]:
+    """reward -> target (x0, v, eps) -> seed -> per-run peak at g = 1; x0 and v are taken from the alpha
+    0 and 1 runs of `data` unless a grid ran them as named targets."""
+    out: Dict[str, Dict[str, Dict[int, float]]] = {}
+    for reward, by_g in data.items():
+        for target, alpha in (("x0", 0.0), ("v", 1.0)):
+            if alpha in by_g.get(1.0, {}):
+                out.setdefault(reward, {})[target] = dict(by_g[1.0][alpha])
+    for p in paths:
+        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
+        for run in json.loads(path.read_text())["runs"]:
+            s = run["settings"]
+            if not s.get("target") or float(s.get("g", 1.0)) != 1.0 or run.get("peak") is None:
+                continue
+            by_seed = out.setdefault(run["task"], {}).setdefault(s["target"], {})
+            by_seed[int(run["seed"])] = float(run["peak"])
     return out
 
 
@@ -147,6 +170,72 @@ def write_scale(data: Peaks, out: Path) -> None:
     print(f"wrote {out / 'scale_ranks.png'} {out / 'scale.md'}")
 
 
+def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> None:
+    rewards = sorted(r for r in peaks if "eps" in peaks[r])
+    if not rewards:
+        return
+    lines = ["| reward | x0 (alpha 0) | v (alpha 1) | eps | best |", "|---" * 5 + "|"]
+    for reward in rewards:
+        cells, means = [], {}
+        for target in ("x0", "v", "eps"):
+            runs = peaks[reward].get(target)
+            if not runs:
+                cells.append("-")
+                continue
+            m, sd = mean_sd(list(runs.values()))
+            means[target] = m
+            cells.append(f"{m:.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}") + f" (n={len(runs)})")
+        lines.append(f"| {reward} | " + " | ".join(cells) + f" | {max(means, key=means.get)} |")
+    (out / "targets.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'targets.md'}")
+
+
+def last_samples(paths: Tuple[str, ...]) -> Dict[str, Dict[str, Path]]:
+    """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one; the
+    run folders are found beside each grid.json (arms/NAME/samples)."""
+    found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
+    for p in paths:
+        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
+        for run in json.loads(path.read_text())["runs"]:
+            name, cell = run.get("name"), run.get("cell")
+            if not name or not cell:
+                continue
+            grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
+            old = found.setdefault(run["task"], {}).get(cell)
+            if grids and (old is None or int(run["seed"]) < old[0]):
+                found[run["task"]][cell] = (int(run["seed"]), grids[-1])
+    return {r: {c: v[1] for c, v in cells.items()} for r, cells in found.items() if cells}
+
+
+def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 3) -> None:
+    """A corner x corner block of 32-pixel images (2-pixel padding) from each run's last sample grid."""
+    if not samples:
+        return
+    from PIL import Image
+
+    def order(cell: str) -> Tuple[int, float, str]:
+        return (0, float(cell[5:]), "") if cell.startswith("alpha") else (1, 0.0, cell)
+
+    cells = sorted({c for by_cell in samples.values() for c in by_cell}, key=order)
+    rewards = sorted(samples)
+    fig, axes = plt.subplots(len(rewards), len(cells), figsize=(1.2 * len(cells), 1.35 * len(rewards)), squeeze=False)
+    for i, reward in enumerate(rewards):
+        for j, cell in enumerate(cells):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if cell in samples[reward]:
+                image = Image.open(samples[reward][cell]).convert("RGB")
+                ax.imshow(image.crop((0, 0, 34 * corner + 2, 34 * corner + 2)), interpolation="nearest")
+            ax.set_title(cell.replace("alpha", "a "), fontsize=8)
+            if j == 0:
+                ax.set_ylabel(reward, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "samples.jpg", dpi=100, pil_kwargs={"quality": 85})
+    plt.close(fig)
+    print(f"wrote {out / 'samples.jpg'}")
+
+
 def main(args: Args) -> None:
     data = fixed_alpha_peaks(args.grids)
     if not data:
@@ -155,6 +244,8 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_landscape(data, out)
     write_scale(data, out)
+    write_targets(target_peaks(args.grids, data), out)
+    write_samples(last_samples(args.grids), out)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,39 @@ def test_scale_winners_regret_and_ranks_follow_tab_scale():
     assert s["winners"] == {0.5: 0.0, 1.0: 0.0, 2.0: 1.0}
     assert s["regret"] == pytest.approx(0.9 - 0.5)  # keeping alpha 0 at g = 2
     assert s["ranks"].tolist() == [[3, 2, 2], [1, 1, 3], [2, 3, 1]]
+
+
+def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_seed(tmp_path):
+    import plot_cifar_grid
+    from PIL import Image
+
+    def run(cell, seed, peak, g=1.0):
+        s = {"weighting": "fixed", "g": g}
+        if cell == "eps":
+            s.update(target="eps", alpha=None)
+        else:
+            s.update(target=None, alpha=float(cell[5:]))
+        return {"task": "mixed", "cell": cell, "settings": s, "seed": seed, "peak": peak, "name": f"{cell}_{seed}"}
+
+    rows = [run("alpha+0", 1, 0.8), run("alpha+0", 2, 0.6), run("alpha+1", 1, 0.5)]
+    rows += [run("eps", 1, 0.1), run("eps", 2, 0.9, g=2.0)]  # eps at g = 2 is not the eps target of eq:targets
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"runs": rows}))
+    for name, updates in (("alpha+0_2", (20, 40)), ("alpha+0_1", (20,)), ("eps_1", (60,))):
+        (tmp_path / "arms" / name / "samples").mkdir(parents=True)
+        for u in updates:
+            Image.new("RGB", (274, 274)).save(tmp_path / "arms" / name / "samples" / f"update_{u:05d}.png")
+    data = plot_cifar_grid.fixed_alpha_peaks((str(grid),))
+    peaks = plot_cifar_grid.target_peaks((str(grid),), data)
+    assert peaks == {"mixed": {"x0": {1: 0.8, 2: 0.6}, "v": {1: 0.5}, "eps": {1: 0.1}}}
+    samples = plot_cifar_grid.last_samples((str(grid),))
+    assert samples == {
+        "mixed": {
+            "alpha+0": tmp_path / "arms/alpha+0_1/samples/update_00020.png",
+            "eps": tmp_path / "arms/eps_1/samples/update_00060.png",
+        }
+    }
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    table = (tmp_path / "out" / "targets.md").read_text()
+    assert "| mixed | 0.7000 +- 0.1414 (n=2) | 0.5000 (n=1) | 0.1000 (n=1) | x0 |" in table
+    assert (tmp_path / "out" / "samples.jpg").stat().st_size > 1000
