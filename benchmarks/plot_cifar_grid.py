@@ -56,20 +56,27 @@ class Args:
     """Folder for the PNGs and tables."""
 
 
+def grid_runs(paths: Tuple[str, ...]) -> List[Tuple[Path, dict]]:
+    """(grid.json path, run record) for every run of the given grid.json files (or their folders)."""
+    out = []
+    for p in paths:
+        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
+        out += [(path, run) for run in json.loads(path.read_text())["runs"]]
+    return out
+
+
 def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Peaks:
     """reward -> g -> alpha -> seed -> per-run peak, over the runs of the fixed alpha family (q+a) that
     have a peak."""
     out: Peaks = {}
-    for p in paths:
-        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
-        for run in json.loads(path.read_text())["runs"]:
-            s = run["settings"]
-            if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
-                continue
-            if run.get("peak") is None:
-                continue
-            by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
-            by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
+    for _, run in grid_runs(paths):
+        s = run["settings"]
+        if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
+            continue
+        if run.get("peak") is None:
+            continue
+        by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
+        by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
     return out
 
 
@@ -81,14 +88,12 @@ def target_peaks(paths: Tuple[str, ...], data: Peaks) -> Dict[str, Dict[str, Dic
         for target, alpha in (("x0", 0.0), ("v", 1.0)):
             if alpha in by_g.get(1.0, {}):
                 out.setdefault(reward, {})[target] = dict(by_g[1.0][alpha])
-    for p in paths:
-        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
-        for run in json.loads(path.read_text())["runs"]:
-            s = run["settings"]
-            if not s.get("target") or float(s.get("g", 1.0)) != 1.0 or run.get("peak") is None:
-                continue
-            by_seed = out.setdefault(run["task"], {}).setdefault(s["target"], {})
-            by_seed[int(run["seed"])] = float(run["peak"])
+    for _, run in grid_runs(paths):
+        s = run["settings"]
+        if not s.get("target") or float(s.get("g", 1.0)) != 1.0 or run.get("peak") is None:
+            continue
+        by_seed = out.setdefault(run["task"], {}).setdefault(s["target"], {})
+        by_seed[int(run["seed"])] = float(run["peak"])
     return out
 
 
@@ -194,16 +199,14 @@ def last_samples(paths: Tuple[str, ...]) -> Dict[str, Dict[str, Path]]:
     """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one; the
     run folders are found beside each grid.json (arms/NAME/samples)."""
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
-    for p in paths:
-        path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
-        for run in json.loads(path.read_text())["runs"]:
-            name, cell = run.get("name"), run.get("cell")
-            if not name or not cell:
-                continue
-            grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
-            old = found.setdefault(run["task"], {}).get(cell)
-            if grids and (old is None or int(run["seed"]) < old[0]):
-                found[run["task"]][cell] = (int(run["seed"]), grids[-1])
+    for path, run in grid_runs(paths):
+        name, cell = run.get("name"), run.get("cell")
+        if not name or not cell:
+            continue
+        grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
+        old = found.setdefault(run["task"], {}).get(cell)
+        if grids and (old is None or int(run["seed"]) < old[0]):
+            found[run["task"]][cell] = (int(run["seed"]), grids[-1])
     return {r: {c: v[1] for c, v in cells.items()} for r, cells in found.items() if cells}
 
 
