@@ -211,7 +211,8 @@ def last_samples(paths: Tuple[str, ...]) -> Dict[str, Dict[str, Path]]:
 
 
 def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 3) -> None:
-    """A corner x corner block of 32-pixel images (2-pixel padding) from each run's last sample grid."""
+    """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
+    padding, as `RunFolder.save_images` writes it)."""
     if not samples:
         return
     from PIL import Image
@@ -229,7 +230,8 @@ def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 
             ax.set_yticks([])
             if cell in samples[reward]:
                 image = Image.open(samples[reward][cell]).convert("RGB")
-                ax.imshow(image.crop((0, 0, 34 * corner + 2, 34 * corner + 2)), interpolation="nearest")
+                side = (image.width - 2) // 8 * corner + 2  # each image with its padding: (width - 2) / 8
+                ax.imshow(image.crop((0, 0, side, side)), interpolation="nearest")
             ax.set_title(cell.replace("alpha", "a "), fontsize=8)
             if j == 0:
                 ax.set_ylabel(reward, fontsize=9)
