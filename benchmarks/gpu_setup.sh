@@ -6,9 +6,10 @@
 _b=${1:?usage: source benchmarks/gpu_setup.sh DIR}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$_b"/whl/*.whl 2>&1 | grep -v WARNING
 mkdir -p /tmp/so /tmp/sp /tmp/ep
-tar xJf "$_b/pg/site_ours.tar.xz" -C /tmp/so
-tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp
-tar xzf "$_b/envpool.tar.gz" -C /tmp/ep
+# a DIR with whl/ alone is enough for CIFAR grids (halving.py cifar-grid): the robot parts are skipped when absent
+if [ -f "$_b/pg/site_ours.tar.xz" ]; then tar xJf "$_b/pg/site_ours.tar.xz" -C /tmp/so; fi
+if [ -f "$_b/pg/site_peer.tar.xz" ]; then tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp; fi
+if [ -f "$_b/envpool.tar.gz" ]; then tar xzf "$_b/envpool.tar.gz" -C /tmp/ep; fi
 if [ -f "$_b/legged.tar.xz" ]; then tar xJf "$_b/legged.tar.xz" -C /tmp/ep; fi  # Spot, Go1 and G1 (LEGGED=1)
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
 export OURS=/tmp/site:/tmp/so:/tmp/ep/envpool_bundle
