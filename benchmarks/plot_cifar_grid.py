@@ -6,9 +6,10 @@ file's run replaces an earlier one's. Writes:
 
 * `landscape.png` / `landscape.md`: per reward, the mean per-run peak +- SD against alpha at g = 1
   (fig:image_landscape), with the paper's selected shape at g = 1 (tab:scale) marked;
-* where a reward has runs at several scales g: `scale.md`, the shape with the best mean peak at each
-  g and the maximum regret of keeping the g = 1 winner (tab:scale), and `scale_ranks.png`, the
-  within-scale ranks of the shapes (fig:scale-ranks);
+* where a reward has at least two scales g with every shape of tab:scale that its g = 1 runs have:
+  `scale.md`, the shape with the best mean peak at each such g and the maximum regret of keeping the
+  g = 1 winner (tab:scale), and `scale_ranks.png`, the within-scale ranks of the shapes
+  (fig:scale-ranks); a scale still missing shapes is named and left out;
 * where a grid ran named targets: `targets.md`, the peaks of the x0, v and eps targets (eq:targets).
   In the 12-bin family x0 is alpha = 0 and v is alpha = 1, so their alpha runs fill those columns;
 * where the runs' folders still hold sample grids: `samples.jpg`, a corner of each run's last sample
@@ -44,6 +45,7 @@ PAPER_SCALE = {
     "digit7": ((0, -0.5, -0.5, 0, 0), 0.0248),
 }
 PAPER_GS = (0.5, 0.75, 1.0, 1.5, 2.0)
+SCALE_SHAPES = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # tab:scale's seven profiles
 
 Peaks = Dict[str, Dict[float, Dict[float, Dict[int, float]]]]  # reward -> g -> alpha -> seed -> peak
 
@@ -104,10 +106,16 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
 
 
 def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
-    """Over the shapes present at every g: the winner (best mean peak) at each g, the maximum regret of
-    keeping the g = 1 winner, and the within-scale ranks (1 = best) as an (alphas, gs) array."""
-    gs = sorted(by_g)
-    alphas = sorted(set.intersection(*(set(by_g[g]) for g in gs)))
+    """Over tab:scale's shapes that the g = 1 runs have (all runs' if there is no g = 1), and the scales
+    that have every one of them (the others are listed under "incomplete"): the winner (best mean peak)
+    at each g, the maximum regret of keeping the g = 1 winner, and the within-scale ranks (1 = best) as
+    an (alphas, gs) array."""
+    ref = set(by_g[1.0]) if 1.0 in by_g else set().union(*map(set, by_g.values()))
+    alphas = sorted(ref & set(SCALE_SHAPES))
+    gs = sorted(g for g in by_g if set(alphas) <= set(by_g[g]))
+    incomplete = sorted(set(by_g) - set(gs))
+    if len(gs) < 2 or not alphas:
+        return {"gs": gs, "alphas": alphas, "incomplete": incomplete}
     means = np.array([[mean_sd(list(by_g[g][a].values()))[0] for g in gs] for a in alphas])
     winners = {g: alphas[int(np.argmax(means[:, j]))] for j, g in enumerate(gs)}
     regret = 0.0
@@ -115,7 +123,15 @@ def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str,
         keep = alphas.index(winners[1.0])
         regret = float(max(means[:, j].max() - means[keep, j] for j in range(len(gs))))
     ranks = np.argsort(np.argsort(-means, axis=0), axis=0) + 1
-    return {"gs": gs, "alphas": alphas, "means": means, "winners": winners, "regret": regret, "ranks": ranks}
+    return {
+        "gs": gs,
+        "alphas": alphas,
+        "incomplete": incomplete,
+        "means": means,
+        "winners": winners,
+        "regret": regret,
+        "ranks": ranks,
+    }
 
 
 def write_landscape(data: Peaks, out: Path) -> None:
@@ -148,14 +164,19 @@ def write_landscape(data: Peaks, out: Path) -> None:
 
 
 def write_scale(data: Peaks, out: Path) -> None:
-    rewards = sorted(r for r in data if len(data[r]) > 1)
+    summaries = {r: scale_summary(data[r]) for r in sorted(data) if len(data[r]) > 1}
+    for r, s in summaries.items():
+        if s["incomplete"]:
+            short = ", ".join(f"{g:g}" for g in s["incomplete"])
+            print(f"{r}: g = {short} left out of the scale study (not every shape of tab:scale has run)")
+    rewards = [r for r, s in summaries.items() if "winners" in s]
     if not rewards:
         return
     fig, axes = plt.subplots(1, len(rewards), figsize=(3.6 * len(rewards), 3.6), squeeze=False)
     lines = ["| reward | source | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
     lines.append("|---" * (len(PAPER_GS) + 3) + "|")
     for ax, reward in zip(axes[0], rewards):
-        s = scale_summary(data[reward])
+        s = summaries[reward]
         cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
         lines.append(f"| {reward} | this code | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
         if reward in PAPER_SCALE:

@@ -104,12 +104,16 @@ def test_scale_winners_regret_and_ranks_follow_tab_scale():
     # mean peaks (alpha rows -1, 0, 1; g columns .5, 1, 2); seed pairs average to them
     means = {-1.0: (0.5, 0.8, 0.6), 0.0: (0.7, 0.9, 0.5), 1.0: (0.6, 0.1, 0.9)}
     by_g = {g: {a: {1: m[j] - 0.01, 2: m[j] + 0.01} for a, m in means.items()} for j, g in enumerate((0.5, 1.0, 2.0))}
-    by_g[2.0][5.0] = {1: 1.0}  # a shape missing at the other scales is left out
+    by_g[2.0][1.5] = {1: 1.0}  # a shape the g = 1 runs lack is left out
+    by_g[0.75] = {1.0: {1: 1.0}}  # a scale without every shape is left out (and listed)
     s = plot_cifar_grid.scale_summary(by_g)
     assert s["alphas"] == [-1.0, 0.0, 1.0]
+    assert s["gs"] == [0.5, 1.0, 2.0] and s["incomplete"] == [0.75]
     assert s["winners"] == {0.5: 0.0, 1.0: 0.0, 2.0: 1.0}
     assert s["regret"] == pytest.approx(0.9 - 0.5)  # keeping alpha 0 at g = 2
     assert s["ranks"].tolist() == [[3, 2, 2], [1, 1, 3], [2, 3, 1]]
+    del by_g[0.5], by_g[2.0]  # one complete scale: nothing to compare
+    assert "winners" not in plot_cifar_grid.scale_summary(by_g)
 
 
 def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_seed(tmp_path):
