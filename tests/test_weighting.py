@@ -276,6 +276,17 @@ def test_estimator_plans_fields():
     assert W.estimator_plan(w, "q+a", bank_losses=L).scale == pytest.approx(plans["q+a"].scale)
 
 
+def test_uniform_profile_makes_q_z_and_explicit_one_estimator():
+    # alpha = 1 (the velocity target) is uniform, so tab:sampling's comparison has nothing to compare there
+    w = W.alpha_profile(1.0)
+    np.testing.assert_array_equal(w, np.ones(B))
+    qz, ex = W.estimator_plan(w, "q+Z"), W.estimator_plan(w, "explicit")
+    np.testing.assert_allclose(qz.q, ex.q)
+    assert qz.scale == ex.scale == 1.0
+    t = torch.rand(64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(W.draw_multipliers(qz, t), W.draw_multipliers(ex, t))
+
+
 def test_population_identity_exact_enumeration():
     w = 2.5 * W.alpha_profile(-2.0)
     L = _bank(3)
