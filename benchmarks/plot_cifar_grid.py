@@ -48,6 +48,7 @@ PAPER_GS = (0.5, 0.75, 1.0, 1.5, 2.0)
 SCALE_SHAPES = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # tab:scale's seven profiles
 
 Peaks = Dict[str, Dict[float, Dict[float, Dict[int, float]]]]  # reward -> g -> alpha -> seed -> peak
+Runs = List[Tuple[Path, dict]]  # (grid.json path, run record), as grid_runs reads them
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Args:
     """Folder for the PNGs and tables."""
 
 
-def grid_runs(paths: Tuple[str, ...]) -> List[Tuple[Path, dict]]:
+def grid_runs(paths: Tuple[str, ...]) -> Runs:
     """(grid.json path, run record) for every run of the given grid.json files (or their folders)."""
     out = []
     for p in paths:
@@ -67,11 +68,11 @@ def grid_runs(paths: Tuple[str, ...]) -> List[Tuple[Path, dict]]:
     return out
 
 
-def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Peaks:
+def fixed_alpha_peaks(runs: Runs) -> Peaks:
     """reward -> g -> alpha -> seed -> per-run peak, over the runs of the fixed alpha family (q+a) that
     have a peak."""
     out: Peaks = {}
-    for _, run in grid_runs(paths):
+    for _, run in runs:
         s = run["settings"]
         if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
             continue
@@ -82,7 +83,7 @@ def fixed_alpha_peaks(paths: Tuple[str, ...]) -> Peaks:
     return out
 
 
-def target_peaks(paths: Tuple[str, ...], data: Peaks) -> Dict[str, Dict[str, Dict[int, float]]]:
+def target_peaks(runs: Runs, data: Peaks) -> Dict[str, Dict[str, Dict[int, float]]]:
     """reward -> target (x0, v, eps) -> seed -> per-run peak at g = 1; x0 and v are taken from the alpha
     0 and 1 runs of `data` unless a grid ran them as named targets."""
     out: Dict[str, Dict[str, Dict[int, float]]] = {}
@@ -90,7 +91,7 @@ def target_peaks(paths: Tuple[str, ...], data: Peaks) -> Dict[str, Dict[str, Dic
         for target, alpha in (("x0", 0.0), ("v", 1.0)):
             if alpha in by_g.get(1.0, {}):
                 out.setdefault(reward, {})[target] = dict(by_g[1.0][alpha])
-    for _, run in grid_runs(paths):
+    for _, run in runs:
         s = run["settings"]
         if not s.get("target") or float(s.get("g", 1.0)) != 1.0 or run.get("peak") is None:
             continue
@@ -216,11 +217,11 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> N
     print(f"wrote {out / 'targets.md'}")
 
 
-def last_samples(paths: Tuple[str, ...]) -> Dict[str, Dict[str, Path]]:
+def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
     """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one; the
     run folders are found beside each grid.json (arms/NAME/samples)."""
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
-    for path, run in grid_runs(paths):
+    for path, run in runs:
         name, cell = run.get("name"), run.get("cell")
         if not name or not cell:
             continue
@@ -263,15 +264,16 @@ def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 
 
 
 def main(args: Args) -> None:
-    data = fixed_alpha_peaks(args.grids)
+    runs = grid_runs(args.grids)
+    data = fixed_alpha_peaks(runs)
     if not data:
         raise SystemExit(f"error: no fixed-alpha runs with a peak in {', '.join(args.grids)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_landscape(data, out)
     write_scale(data, out)
-    write_targets(target_peaks(args.grids, data), out)
-    write_samples(last_samples(args.grids), out)
+    write_targets(target_peaks(runs, data), out)
+    write_samples(last_samples(runs), out)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def test_landscape_pools_grid_parts_by_reward_alpha_and_seed(tmp_path):
     b = tmp_path / "b.json"  # a second part: a new seed, a repeated run (replaces), a target run and a failed run
     rows = [run(0.0, 3, 0.9), run(1.0, 1, 0.4), run(None, 1, 0.1, target="x0"), run(-1.0, 1, None)]
     b.write_text(json.dumps({"runs": rows}))
-    data = plot_cifar_grid.fixed_alpha_peaks((str(a.parent), str(b)))
+    data = plot_cifar_grid.fixed_alpha_peaks(plot_cifar_grid.grid_runs((str(a.parent), str(b))))
     assert data == {"edge": {1.0: {0.0: {1: 0.5, 2: 0.7, 3: 0.9}, 1.0: {1: 0.4}}}}
     m, sd = plot_cifar_grid.mean_sd(list(data["edge"][1.0][0.0].values()))
     assert m == pytest.approx(0.7) and sd == pytest.approx(0.2)
@@ -136,10 +136,11 @@ def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_see
         (tmp_path / "arms" / name / "samples").mkdir(parents=True)
         for u in updates:
             Image.new("RGB", (274, 274)).save(tmp_path / "arms" / name / "samples" / f"update_{u:05d}.png")
-    data = plot_cifar_grid.fixed_alpha_peaks((str(grid),))
-    peaks = plot_cifar_grid.target_peaks((str(grid),), data)
+    runs = plot_cifar_grid.grid_runs((str(grid),))
+    data = plot_cifar_grid.fixed_alpha_peaks(runs)
+    peaks = plot_cifar_grid.target_peaks(runs, data)
     assert peaks == {"mixed": {"x0": {1: 0.8, 2: 0.6}, "v": {1: 0.5}, "eps": {1: 0.1}}}
-    samples = plot_cifar_grid.last_samples((str(grid),))
+    samples = plot_cifar_grid.last_samples(runs)
     assert samples == {
         "mixed": {
             "alpha+0": tmp_path / "arms/alpha+0_1/samples/update_00020.png",
