@@ -79,6 +79,9 @@ SHAPE = (3, 32, 32)
 # Images (samples x draws) per chunk of the loss's forward and backward pass: the paper configuration's
 # 64 x 4 per run gives 8 runs a chunk, about 32 GB of activations in FP32 for the shipped generator.
 LOSS_IMAGES = 2048
+# Images (bins x fit batch x draws, for every fitting run) per network call of a coherence fit, which
+# needs no backward pass: the twelve bins of one paper-configuration run (12 x 64 x 4) in one call.
+FIT_IMAGES = 3072
 
 
 def check_packable(args_list: Sequence[Args]) -> None:
@@ -373,27 +376,42 @@ def validate(pack: Pack, chunk: int = 128) -> Tuple[List[float], torch.Tensor]:
 @torch.no_grad()
 def fit_coherence(pack: Pack, slots: List[int]) -> List[Tuple[np.ndarray, np.ndarray, float]]:
     """`cifar_fpo.fit_coherence` after update k for the runs in `slots` at once, each drawing from its
-    own generator (seed, "fit", k + 1) in the single-run order: latents, then per bin times and noises."""
+    own generator (seed, "fit", k + 1) in the single-run order: latents, then per bin times and noises.
+    The bins go through the network together, up to FIT_IMAGES images per call, and their moments are
+    reduced on the device (in float64, as alone)."""
     args, device, runs = pack.args, pack.device, [pack.runs[s] for s in slots]
     n, m, bins, k = args.fit_batch_size, args.coherence_draws, args.bins, len(slots)
     gens = [make_generator(r.args.seed, "fit", r.k + 1) for r in runs]
     params = pack.subset(slots)
     x = pack.sample(torch.stack([torch.randn((n, *SHAPE), generator=g) for g in gens]).to(device), params)
     rewards = score(runs, x)
-    adv = cifar_fpo.group_advantages(rewards.view(-1), args.group_size, args.adv_eps).view(k, n, 1, 1, 1, 1)
-    us, vs = np.zeros((k, bins)), np.zeros((k, bins))
-    for b in range(bins):
-        t = torch.stack([((b + torch.rand((n, m), generator=g)) / bins).float() for g in gens]).to(device)
-        eps = torch.stack([torch.randn((n, m, *SHAPE), generator=g) for g in gens]).to(device)
-        xe = x.unsqueeze(2).expand_as(eps)
-        tt = t.view(k, n, m, 1, 1, 1)
-        x_t = ((1 - tt) * eps + tt * xe).view(k, n * m, *SHAPE)
+    adv = cifar_fpo.group_advantages(rewards.view(-1), args.group_size, args.adv_eps).view(k, 1, n, 1, 1, 1, 1)
+
+    def bin_draws(g: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+        ts, noises = [], []
+        for b in range(bins):
+            ts.append(((b + torch.rand((n, m), generator=g)) / bins).float())
+            noises.append(torch.randn((n, m, *SHAPE), generator=g))
+        return torch.stack(ts), torch.stack(noises)
+
+    draws = per_run(bin_draws, gens)
+    per_call = max(1, FIT_IMAGES // (k * n * m))
+    us, vs = [], []
+    fn = lambda p, a, b: velocity(pack._net(p), a, b, pack.convention)  # noqa: E731
+    for b0 in range(0, bins, per_call):
+        t = torch.stack([d[0][b0 : b0 + per_call] for d in draws]).to(device)  # (k, nb, n, m)
+        eps = torch.stack([d[1][b0 : b0 + per_call] for d in draws]).to(device)  # (k, nb, n, m, 3, 32, 32)
+        nb = t.shape[1]
+        xe = x.view(k, 1, n, 1, *SHAPE).expand_as(eps)
+        tt = t.view(k, nb, n, m, 1, 1, 1)
+        x_t = ((1 - tt) * eps + tt * xe).view(k, nb * n * m, *SHAPE)
         with autocast_ctx(pack.autocast, device):
-            fn = lambda p, a, b: velocity(pack._net(p), a, b, pack.convention)  # noqa: E731
             v = pack.vmap(fn, params, x_t, t.view(k, -1))
-        z = (-2.0 * adv * (v.float().view_as(eps) - (xe - eps)) / float(np.prod(SHAPE))).reshape(k, n * m, -1)
-        for j in range(k):
-            us[j, b], vs[j, b] = (float(c) for c in coherence_moments(z[j].double().cpu()))
+        z = -2.0 * adv * (v.float().view_as(eps) - (xe - eps)) / float(np.prod(SHAPE))
+        u_b, v_b = coherence_moments(z.reshape(k, nb, n * m, -1))
+        us.append(u_b)
+        vs.append(v_b)
+    us, vs = torch.cat(us, dim=1).cpu().numpy(), torch.cat(vs, dim=1).cpu().numpy()
     return [(us[j], vs[j], float(rewards[j].mean())) for j in range(k)]
 
 

@@ -107,6 +107,7 @@ def assert_same_folder(alone: Path, packed: Path, sessions: int = 1):
 @pytest.mark.parametrize("device", DEVICES)
 def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device, monkeypatch):
     monkeypatch.setattr(cifar_pack, "LOSS_IMAGES", 16)  # 2 runs per backward pass: chunks of 2, then 2 and 1
+    monkeypatch.setattr(cifar_pack, "FIT_IMAGES", 80)  # the online run's 12 bins of 16 images: 5, 5, then 2
     alone = [run_args(tiny_train, tmp_path / "alone", name, device, **kw) for name, kw in RUNS.items()]
     for args in alone:
         cifar_fpo.main(args)
