@@ -12,6 +12,12 @@ file's run replaces an earlier one's. Writes:
   (fig:scale-ranks); a scale still missing shapes is named and left out;
 * where a grid ran named targets: `targets.md`, the peaks of the x0, v and eps targets (eq:targets).
   In the 12-bin family x0 is alpha = 0 and v is alpha = 1, so their alpha runs fill those columns;
+* where grids ran schedules or data-driven rules (g = 1, q+a): `rules.md`, each one's peak beside the
+  x0 control (alpha 0, same seeds), the best fixed alpha, a schedule's two fixed end points and the
+  paper's numbers (tab:dynamic, tab:online-full; fig:static gives static softmax only as a plot);
+* where grids ran the q+Z and explicit estimators on the same profiles: `estimators.md`, the peak
+  differences q+Z - explicit paired by (reward, profile, g, seed), mean +- SD and W/T/L at tolerance
+  .003, beside tab:sampling;
 * where the runs' folders still hold sample grids: `samples.jpg`, a corner of each run's last sample
   grid (one seed), per reward and weighting.
 
@@ -45,10 +51,25 @@ PAPER_SCALE = {
     "digit7": ((0, -0.5, -0.5, 0, 0), 0.0248),
 }
 PAPER_GS = (0.5, 0.75, 1.0, 1.5, 2.0)
+# tab:online-full (online coherence, EMA) and tab:dynamic: peak mean and sample SD over three seeds.
+PAPER_RULES = {
+    ("auto-a35", "online-ema"): (0.844915, 0.259461),
+    ("mixed", "online-ema"): (0.542469, 0.175938),
+    ("edge", "online-ema"): (0.960761, 0.008673),
+    ("clip", "online-ema"): (0.328924, 0.044492),
+    ("simclr", "online-ema"): (0.930397, 0.027878),
+    ("mixed", "alpha-3"): (0.907879, 0.039289),
+    ("mixed", "alpha-0.5"): (0.896055, 0.139030),
+    ("mixed", "schedule-3to-0.5"): (0.987132, 0.007565),
+}
+# tab:sampling: profile-seed pairs, mean and SD of the peak difference q+Z - explicit, W/T/L.
+PAPER_SAMPLING = {"auto-a35": (27, 0.05478, 0.15620, "13/5/9"), "edge": (27, 0.00796, 0.00538, "23/4/0")}
+TIE_TOLERANCE = 0.003  # tab:sampling's W/T/L
 SCALE_SHAPES = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # tab:scale's seven profiles
 
 Peaks = Dict[str, Dict[float, Dict[float, Dict[int, float]]]]  # reward -> g -> alpha -> seed -> peak
 Runs = List[Tuple[Path, dict]]  # (grid.json path, run record), as grid_runs reads them
+Rules = Dict[str, Dict[str, Tuple[dict, Dict[int, float]]]]  # reward -> cell -> (settings, seed -> peak)
 
 
 @dataclass
@@ -100,10 +121,46 @@ def target_peaks(runs: Runs, data: Peaks) -> Dict[str, Dict[str, Dict[int, float
     return out
 
 
+def rule_peaks(runs: Runs) -> Rules:
+    """reward -> cell -> (settings, seed -> peak) over the runs of schedules and data-driven rules at
+    g = 1 with the q+a estimator that have a peak."""
+    out: Rules = {}
+    for _, run in runs:
+        s = run["settings"]
+        if s.get("weighting") == "fixed" or float(s.get("g", 1.0)) != 1.0 or s.get("estimator", "q+a") != "q+a":
+            continue
+        if run.get("peak") is not None:
+            cell = out.setdefault(run["task"], {}).setdefault(run["cell"], (s, {}))
+            cell[1][int(run["seed"])] = float(run["peak"])
+    return out
+
+
+def estimator_pairs(runs: Runs) -> Dict[str, List[Tuple[str, int, float, float]]]:
+    """reward -> [(profile, seed, q+Z peak, explicit peak)] over the (profile, g, seed) pairs where both
+    estimators' runs have a peak; the profile is the run's cell without its estimator."""
+    peaks: Dict[Tuple[str, str, int], Dict[str, float]] = {}
+    for _, run in runs:
+        est = run["settings"].get("estimator")
+        if est in ("q+Z", "explicit") and run.get("peak") is not None:
+            key = (run["task"], run["cell"].rsplit("__", 1)[0], int(run["seed"]))
+            peaks.setdefault(key, {})[est] = float(run["peak"])
+    out: Dict[str, List[Tuple[str, int, float, float]]] = {}
+    for (reward, profile, seed), by_est in sorted(peaks.items()):
+        if len(by_est) == 2:
+            out.setdefault(reward, []).append((profile, seed, by_est["q+Z"], by_est["explicit"]))
+    return out
+
+
 def mean_sd(values: List[float]) -> Tuple[float, float]:
     m = sum(values) / len(values)
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
     return m, sd
+
+
+def pm(values: List[float]) -> str:
+    """'mean +- SD' of the values (the mean alone for one value)."""
+    m, sd = mean_sd(values)
+    return f"{m:.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}")
 
 
 def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
@@ -217,6 +274,63 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> N
     print(f"wrote {out / 'targets.md'}")
 
 
+def write_rules(rules: Rules, data: Peaks, out: Path) -> None:
+    """rules.md: per reward, the x0 control, the best fixed alpha, each schedule's end points, and every
+    schedule and rule: peak mean +- SD, the paired difference from x0 over the seeds both have, the paper's
+    number where it gives one."""
+    if not rules:
+        return
+    lines = ["| reward | weighting | n | peak mean +- SD | minus x0, paired (seeds) | paper (n = 3) |"]
+    lines.append("|---" * 6 + "|")
+    for reward in sorted(rules):
+        fixed = data.get(reward, {}).get(1.0, {})
+        x0 = fixed.get(0.0, {})
+        notes = {0.0: ["x0 control"]} if x0 else {}
+        if fixed:
+            notes.setdefault(max(fixed, key=lambda a: mean_sd(list(fixed[a].values()))[0]), []).append("best fixed")
+        for settings, _ in rules[reward].values():
+            if settings["weighting"] == "schedule":
+                for end in (float(settings["alpha_early"]), float(settings["alpha_late"])):
+                    if end in fixed:
+                        notes.setdefault(end, []).append("path end")
+        rows = [(f"alpha{a:+g}", f" ({', '.join(dict.fromkeys(n))})", fixed[a]) for a, n in sorted(notes.items())]
+        rows += [(cell, "", peaks) for cell, (_, peaks) in rules[reward].items()]
+        for label, note, peaks in rows:
+            paired = [peaks[s] - x0[s] for s in peaks if s in x0]
+            diff = f"{mean_sd(paired)[0]:+.4f} ({len(paired)})" if paired and peaks is not x0 else ""
+            paper = PAPER_RULES.get((reward, label.split("@")[0].replace("-kappa300-uniform", "")))
+            paper = "" if paper is None else f"{paper[0]:.4f} +- {paper[1]:.4f}"
+            values = list(peaks.values())
+            lines.append(f"| {reward} | {label}{note} | {len(values)} | {pm(values)} | {diff} | {paper} |")
+    (out / "rules.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'rules.md'}")
+
+
+def write_estimators(pairs: Dict[str, List[Tuple[str, int, float, float]]], out: Path) -> None:
+    """estimators.md: per reward, the paired peak differences q+Z - explicit (mean +- SD, W/T/L with
+    tolerance TIE_TOLERANCE) beside tab:sampling, then every pair."""
+    if not pairs:
+        return
+    lines = ["| reward | pairs | q+Z - explicit | W/T/L | paper: pairs | paper: q+Z - explicit | paper: W/T/L |"]
+    lines.append("|---" * 7 + "|")
+    for reward, rows in pairs.items():
+        diffs = [q - e for _, _, q, e in rows]
+        wtl = [sum(d > TIE_TOLERANCE for d in diffs), sum(abs(d) <= TIE_TOLERANCE for d in diffs)]
+        wtl.append(len(diffs) - sum(wtl))
+        paper = PAPER_SAMPLING.get(reward)
+        paper = ["", "", ""] if paper is None else [str(paper[0]), f"{paper[1]:+.5f} +- {paper[2]:.5f}", paper[3]]
+        m, sd = mean_sd(diffs)
+        sd = "" if math.isnan(sd) else f" +- {sd:.4f}"
+        lines.append(
+            f"| {reward} | {len(diffs)} | {m:+.4f}{sd} | {'/'.join(map(str, wtl))} | " + " | ".join(paper) + " |"
+        )
+    lines += ["", "| reward | profile | seed | q+Z | explicit | difference |", "|---" * 6 + "|"]
+    for reward, rows in pairs.items():
+        lines += [f"| {reward} | {p} | {s} | {q:.4f} | {e:.4f} | {q - e:+.4f} |" for p, s, q, e in rows]
+    (out / "estimators.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'estimators.md'}")
+
+
 def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
     """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one; the
     run folders are found beside each grid.json (arms/NAME/samples)."""
@@ -273,6 +387,8 @@ def main(args: Args) -> None:
     write_landscape(data, out)
     write_scale(data, out)
     write_targets(target_peaks(runs, data), out)
+    write_rules(rule_peaks(runs), data, out)
+    write_estimators(estimator_pairs(runs), out)
     write_samples(last_samples(runs), out)
 
 

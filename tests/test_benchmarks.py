@@ -151,3 +151,57 @@ def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_see
     table = (tmp_path / "out" / "targets.md").read_text()
     assert "| mixed | 0.7000 +- 0.1414 (n=2) | 0.5000 (n=1) | 0.1000 (n=1) | x0 |" in table
     assert (tmp_path / "out" / "samples.jpg").stat().st_size > 1000
+
+
+def test_rules_table_pairs_each_rule_with_the_x0_control_and_shows_a_paths_end_points(tmp_path):
+    import plot_cifar_grid
+
+    def run(cell, settings, seed, peak, g=1.0):
+        return {"task": "mixed", "cell": cell, "settings": {**settings, "g": g}, "seed": seed, "peak": peak}
+
+    def fixed(a):
+        return f"alpha{a:+g}", {"weighting": "fixed", "target": None, "alpha": a}
+
+    path = {"weighting": "schedule", "alpha_early": -3.0, "alpha_late": -0.5, "k0": 160, "k1": 260}
+    rows = [run(*fixed(0.0), 1, 0.5), run(*fixed(0.0), 2, 0.7), run(*fixed(-3.0), 1, 0.6), run(*fixed(-1.0), 1, 0.9)]
+    rows += [run("schedule-3to-0.5@160-260", path, 1, 0.8), run("schedule-3to-0.5@160-260", path, 2, 0.6)]
+    rows += [run("online-ema-kappa300-uniform", {"weighting": "online-ema"}, 2, 0.75)]
+    rows += [run("static-softmax-eta1", {"weighting": "static-softmax", "eta": 1.0}, 1, 0.1, g=2.0)]  # not g = 1
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"runs": rows}))
+    runs = plot_cifar_grid.grid_runs((str(grid),))
+    rules = plot_cifar_grid.rule_peaks(runs)
+    assert list(rules["mixed"]) == ["schedule-3to-0.5@160-260", "online-ema-kappa300-uniform"]
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    table = (tmp_path / "out" / "rules.md").read_text().splitlines()[2:]
+    assert table == [
+        "| mixed | alpha-3 (path end) | 1 | 0.6000 | +0.1000 (1) | 0.9079 +- 0.0393 |",
+        "| mixed | alpha-1 (best fixed) | 1 | 0.9000 | +0.4000 (1) |  |",
+        "| mixed | alpha+0 (x0 control) | 2 | 0.6000 +- 0.1414 |  |  |",
+        "| mixed | schedule-3to-0.5@160-260 | 2 | 0.7000 +- 0.1414 | +0.1000 (2) | 0.9871 +- 0.0076 |",
+        "| mixed | online-ema-kappa300-uniform | 1 | 0.7500 | +0.0500 (1) | 0.5425 +- 0.1759 |",
+    ]
+
+
+def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tolerance(tmp_path):
+    import plot_cifar_grid
+
+    def run(profile, est, seed, peak):
+        s = {"weighting": "fixed", "target": None, "alpha": 0.0, "estimator": est}
+        return {"task": "edge", "cell": f"{profile}__{est}", "settings": s, "seed": seed, "peak": peak}
+
+    rows = [run("alpha+0", "q+Z", 1, 0.905), run("alpha+0", "explicit", 1, 0.9)]  # +.005: a win
+    rows += [run("alpha+0", "q+Z", 2, 0.802), run("alpha+0", "explicit", 2, 0.8)]  # +.002: a tie
+    rows += [run("alpha+0__g2", "q+Z", 1, 0.7), run("alpha+0__g2", "explicit", 1, 0.71)]  # -.01: a loss
+    rows += [run("alpha-1", "q+Z", 1, 0.5), run("alpha-1", "explicit", 2, 0.4)]  # different seeds: no pair
+    rows += [
+        {"task": "edge", "cell": "alpha+0", "settings": {"weighting": "fixed", "alpha": 0.0}, "seed": 1, "peak": 0}
+    ]
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"runs": rows}))
+    pairs = plot_cifar_grid.estimator_pairs(plot_cifar_grid.grid_runs((str(grid),)))
+    assert pairs == {"edge": [("alpha+0", 1, 0.905, 0.9), ("alpha+0", 2, 0.802, 0.8), ("alpha+0__g2", 1, 0.7, 0.71)]}
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    table = (tmp_path / "out" / "estimators.md").read_text()
+    assert "| edge | 3 | -0.0010 +- 0.0079 | 1/1/1 | 27 | +0.00796 +- 0.00538 | 23/4/0 |" in table
+    assert "| edge | alpha+0__g2 | 1 | 0.7000 | 0.7100 | -0.0100 |" in table
