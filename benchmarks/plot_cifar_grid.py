@@ -64,7 +64,7 @@ PAPER_RULES = {
 }
 # tab:sampling: profile-seed pairs, mean and SD of the peak difference q+Z - explicit, W/T/L.
 PAPER_SAMPLING = {"auto-a35": (27, 0.05478, 0.15620, "13/5/9"), "edge": (27, 0.00796, 0.00538, "23/4/0")}
-TIE_TOLERANCE = 0.003  # tab:sampling's W/T/L
+TIE_TOLERANCE = 0.003  # tab:sampling's W/T/L, as halving.py's grid tables (a test keeps the two in step)
 SCALE_SHAPES = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # tab:scale's seven profiles
 
 Peaks = Dict[str, Dict[float, Dict[float, Dict[int, float]]]]  # reward -> g -> alpha -> seed -> peak
@@ -157,10 +157,10 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
     return m, sd
 
 
-def pm(values: List[float]) -> str:
-    """'mean +- SD' of the values (the mean alone for one value)."""
+def pm(values: List[float], sign: str = "") -> str:
+    """'mean +- SD' of the values (the mean alone for one value); sign "+" writes the mean's sign."""
     m, sd = mean_sd(values)
-    return f"{m:.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}")
+    return f"{m:{sign}.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}")
 
 
 def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
@@ -266,9 +266,8 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> N
             if not runs:
                 cells.append("-")
                 continue
-            m, sd = mean_sd(list(runs.values()))
-            means[target] = m
-            cells.append(f"{m:.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}") + f" (n={len(runs)})")
+            means[target] = mean_sd(list(runs.values()))[0]
+            cells.append(f"{pm(list(runs.values()))} (n={len(runs)})")
         lines.append(f"| {reward} | " + " | ".join(cells) + f" | {max(means, key=means.get)} |")
     (out / "targets.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'targets.md'}")
@@ -319,11 +318,8 @@ def write_estimators(pairs: Dict[str, List[Tuple[str, int, float, float]]], out:
         wtl.append(len(diffs) - sum(wtl))
         paper = PAPER_SAMPLING.get(reward)
         paper = ["", "", ""] if paper is None else [str(paper[0]), f"{paper[1]:+.5f} +- {paper[2]:.5f}", paper[3]]
-        m, sd = mean_sd(diffs)
-        sd = "" if math.isnan(sd) else f" +- {sd:.4f}"
-        lines.append(
-            f"| {reward} | {len(diffs)} | {m:+.4f}{sd} | {'/'.join(map(str, wtl))} | " + " | ".join(paper) + " |"
-        )
+        ours = [str(len(diffs)), pm(diffs, "+"), "/".join(map(str, wtl))]
+        lines.append(f"| {reward} | " + " | ".join(ours + paper) + " |")
     lines += ["", "| reward | profile | seed | q+Z | explicit | difference |", "|---" * 6 + "|"]
     for reward, rows in pairs.items():
         lines += [f"| {reward} | {p} | {s} | {q:.4f} | {e:.4f} | {q - e:+.4f} |" for p, s, q, e in rows]

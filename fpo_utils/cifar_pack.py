@@ -402,7 +402,7 @@ def fit_coherence(pack: Pack, slots: List[int]) -> List[Tuple[np.ndarray, np.nda
         t = torch.stack([d[0][b0 : b0 + per_call] for d in draws]).to(device)  # (k, nb, n, m)
         eps = torch.stack([d[1][b0 : b0 + per_call] for d in draws]).to(device)  # (k, nb, n, m, 3, 32, 32)
         nb = t.shape[1]
-        xe = x.view(k, 1, n, 1, *SHAPE).expand_as(eps)
+        xe = x[:, None, :, None].expand_as(eps)
         tt = t.view(k, nb, n, m, 1, 1, 1)
         x_t = ((1 - tt) * eps + tt * xe).view(k, nb * n * m, *SHAPE)
         with autocast_ctx(pack.autocast, device):

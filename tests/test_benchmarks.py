@@ -186,9 +186,12 @@ def test_rules_table_pairs_each_rule_with_the_x0_control_and_shows_a_paths_end_p
 def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tolerance(tmp_path):
     import plot_cifar_grid
 
+    import halving
+
     def run(profile, est, seed, peak):
         s = {"weighting": "fixed", "target": None, "alpha": 0.0, "estimator": est}
-        return {"task": "edge", "cell": f"{profile}__{est}", "settings": s, "seed": seed, "peak": peak}
+        done = {"status": "finished", "failed": None}
+        return {"task": "edge", "cell": f"{profile}__{est}", "settings": s, "seed": seed, "peak": peak, **done}
 
     rows = [run("alpha+0", "q+Z", 1, 0.905), run("alpha+0", "explicit", 1, 0.9)]  # +.005: a win
     rows += [run("alpha+0", "q+Z", 2, 0.802), run("alpha+0", "explicit", 2, 0.8)]  # +.002: a tie
@@ -205,3 +208,7 @@ def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tole
     table = (tmp_path / "out" / "estimators.md").read_text()
     assert "| edge | 3 | -0.0010 +- 0.0079 | 1/1/1 | 27 | +0.00796 +- 0.00538 | 23/4/0 |" in table
     assert "| edge | alpha+0__g2 | 1 | 0.7000 | 0.7100 | -0.0100 |" in table
+    # the grid's own table (halving.py) of the same runs counts alike
+    (row,) = halving.paired_estimators([r for r in rows if "estimator" in r["settings"]], ["q+Z", "explicit"])
+    assert (row["n"], row["wins"], row["ties"], row["losses"]) == (3, 1, 1, 1)
+    assert plot_cifar_grid.TIE_TOLERANCE == halving.TIE_TOLERANCE
