@@ -273,6 +273,13 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> N
     print(f"wrote {out / 'targets.md'}")
 
 
+def paper_key(settings: dict) -> str:
+    """A rule's name in PAPER_RULES: its weighting, or `schedule<early>to<late>` for a linear path."""
+    if settings["weighting"] == "schedule":
+        return f"schedule{float(settings['alpha_early']):g}to{float(settings['alpha_late']):g}"
+    return settings["weighting"]
+
+
 def write_rules(rules: Rules, data: Peaks, out: Path) -> None:
     """rules.md: per reward, the x0 control, the best fixed alpha, each schedule's end points, and every
     schedule and rule: peak mean +- SD, the paired difference from x0 over the seeds both have, the paper's
@@ -292,12 +299,15 @@ def write_rules(rules: Rules, data: Peaks, out: Path) -> None:
                 for end in (float(settings["alpha_early"]), float(settings["alpha_late"])):
                     if end in fixed:
                         notes.setdefault(end, []).append("path end")
-        rows = [(f"alpha{a:+g}", f" ({', '.join(dict.fromkeys(n))})", fixed[a]) for a, n in sorted(notes.items())]
-        rows += [(cell, "", peaks) for cell, (_, peaks) in rules[reward].items()]
-        for label, note, peaks in rows:
+        rows = [
+            (f"alpha{a:+g}", f" ({', '.join(dict.fromkeys(n))})", fixed[a], f"alpha{a:+g}")
+            for a, n in sorted(notes.items())
+        ]
+        rows += [(cell, "", peaks, paper_key(settings)) for cell, (settings, peaks) in rules[reward].items()]
+        for label, note, peaks, key in rows:
             paired = [peaks[s] - x0[s] for s in peaks if s in x0]
             diff = f"{mean_sd(paired)[0]:+.4f} ({len(paired)})" if paired and peaks is not x0 else ""
-            paper = PAPER_RULES.get((reward, label.split("@")[0].replace("-kappa300-uniform", "")))
+            paper = PAPER_RULES.get((reward, key))
             paper = "" if paper is None else f"{paper[0]:.4f} +- {paper[1]:.4f}"
             values = list(peaks.values())
             lines.append(f"| {reward} | {label}{note} | {len(values)} | {pm(values)} | {diff} | {paper} |")
