@@ -9,7 +9,8 @@ file's run replaces an earlier one's. Writes:
 * where a reward has at least two scales g with every shape of tab:scale that its g = 1 runs have:
   `scale.md`, the shape with the best mean peak at each such g and the maximum regret of keeping the
   g = 1 winner (tab:scale), and `scale_ranks.png`, the within-scale ranks of the shapes
-  (fig:scale-ranks); a scale still missing shapes is named and left out;
+  (fig:scale-ranks); a scale still missing shapes is named and left out, and every mean is over the
+  seeds that all compared cells have;
 * where a grid ran named targets: `targets.md`, the peaks of the x0, v and eps targets (eq:targets).
   In the 12-bin family x0 is alpha = 0 and v is alpha = 1, so their alpha runs fill those columns;
 * where grids ran schedules or data-driven rules (g = 1, q+a): `rules.md`, each one's peak beside the
@@ -164,17 +165,20 @@ def pm(values: List[float], sign: str = "") -> str:
 
 
 def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
-    """Over tab:scale's shapes that the g = 1 runs have (all runs' if there is no g = 1), and the scales
-    that have every one of them (the others are listed under "incomplete"): the winner (best mean peak)
-    at each g, the maximum regret of keeping the g = 1 winner, and the within-scale ranks (1 = best) as
-    an (alphas, gs) array."""
+    """Over tab:scale's shapes that the g = 1 runs have (all runs' if there is no g = 1), the scales
+    that have every one of them (the others are listed under "incomplete"), and the seeds that every
+    such cell has (so each mean is over the same seeds): the winner (best mean peak) at each g, the
+    maximum regret of keeping the g = 1 winner, and the within-scale ranks (1 = best) as an (alphas,
+    gs) array."""
     ref = set(by_g[1.0]) if 1.0 in by_g else set().union(*map(set, by_g.values()))
     alphas = sorted(ref & set(SCALE_SHAPES))
     gs = sorted(g for g in by_g if set(alphas) <= set(by_g[g]))
     incomplete = sorted(set(by_g) - set(gs))
-    if len(gs) < 2 or not alphas:
-        return {"gs": gs, "alphas": alphas, "incomplete": incomplete}
-    means = np.array([[mean_sd(list(by_g[g][a].values()))[0] for g in gs] for a in alphas])
+    cells = [set(by_g[g][a]) for g in gs for a in alphas]
+    seeds = sorted(set.intersection(*cells)) if cells else []
+    if len(gs) < 2 or not alphas or not seeds:
+        return {"gs": gs, "alphas": alphas, "incomplete": incomplete, "seeds": seeds}
+    means = np.array([[np.mean([by_g[g][a][k] for k in seeds]) for g in gs] for a in alphas])
     winners = {g: alphas[int(np.argmax(means[:, j]))] for j, g in enumerate(gs)}
     regret = 0.0
     if 1.0 in by_g:
@@ -185,6 +189,7 @@ def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str,
         "gs": gs,
         "alphas": alphas,
         "incomplete": incomplete,
+        "seeds": seeds,
         "means": means,
         "winners": winners,
         "regret": regret,
@@ -227,19 +232,22 @@ def write_scale(data: Peaks, out: Path) -> None:
         if s["incomplete"]:
             short = ", ".join(f"{g:g}" for g in s["incomplete"])
             print(f"{r}: g = {short} left out of the scale study (not every shape of tab:scale has run)")
+        if len(s["gs"]) > 1 and not s["seeds"]:
+            print(f"{r}: no seed has run every shape at every complete scale; no scale study")
     rewards = [r for r, s in summaries.items() if "winners" in s]
     if not rewards:
         return
     fig, axes = plt.subplots(1, len(rewards), figsize=(3.6 * len(rewards), 3.6), squeeze=False)
-    lines = ["| reward | source | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
-    lines.append("|---" * (len(PAPER_GS) + 3) + "|")
+    lines = ["| reward | source | seeds | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
+    lines.append("|---" * (len(PAPER_GS) + 4) + "|")
     for ax, reward in zip(axes[0], rewards):
         s = summaries[reward]
         cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
-        lines.append(f"| {reward} | this code | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
+        seeds = ", ".join(map(str, s["seeds"]))
+        lines.append(f"| {reward} | this code | {seeds} | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
         if reward in PAPER_SCALE:
             won, regret = PAPER_SCALE[reward]
-            lines.append(f"| {reward} | paper | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
+            lines.append(f"| {reward} | paper | 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
         ax.imshow(s["ranks"], cmap="viridis_r", aspect="auto")
         for (i, j), r in np.ndenumerate(s["ranks"]):
             dark = r > (len(s["alphas"]) + 1) / 2  # viridis_r: the low ranks are dark

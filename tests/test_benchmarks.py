@@ -111,7 +111,11 @@ def test_scale_winners_regret_and_ranks_follow_tab_scale():
     assert s["gs"] == [0.5, 1.0, 2.0] and s["incomplete"] == [0.75]
     assert s["winners"] == {0.5: 0.0, 1.0: 0.0, 2.0: 1.0}
     assert s["regret"] == pytest.approx(0.9 - 0.5)  # keeping alpha 0 at g = 2
-    assert s["ranks"].tolist() == [[3, 2, 2], [1, 1, 3], [2, 3, 1]]
+    assert s["ranks"].tolist() == [[3, 2, 2], [1, 1, 3], [2, 3, 1]] and s["seeds"] == [1, 2]
+    by_g[1.0][1.0][3] = 5.0  # a seed only g = 1 has is left out: alpha 1 would win there
+    assert plot_cifar_grid.scale_summary(by_g)["winners"][1.0] == 0.0
+    by_g[0.5] = {a: {3: 0.5} for a in means}  # no seed in every cell: no comparison
+    assert "winners" not in plot_cifar_grid.scale_summary(by_g)
     del by_g[0.5], by_g[2.0]  # one complete scale: nothing to compare
     assert "winners" not in plot_cifar_grid.scale_summary(by_g)
 
