@@ -247,7 +247,7 @@ def write_scale(data: Peaks, out: Path) -> None:
         lines.append(f"| {reward} | this code | {seeds} | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
         if reward in PAPER_SCALE:
             won, regret = PAPER_SCALE[reward]
-            lines.append(f"| {reward} | paper | 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
+            lines.append(f"| {reward} | paper | n = 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
         ax.imshow(s["ranks"], cmap="viridis_r", aspect="auto")
         for (i, j), r in np.ndenumerate(s["ranks"]):
             dark = r > (len(s["alphas"]) + 1) / 2  # viridis_r: the low ranks are dark
