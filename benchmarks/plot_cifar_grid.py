@@ -10,7 +10,8 @@ file's run replaces an earlier one's. Writes:
   `scale.md`, the shape with the best mean peak at each such g and the maximum regret of keeping the
   g = 1 winner (tab:scale), and `scale_ranks.png`, the within-scale ranks of the shapes
   (fig:scale-ranks); a scale still missing shapes is named and left out, and every mean is over the
-  seeds that all compared cells have;
+  seeds that all compared cells have. Where g = 1's shapes share more seeds than that, a second row
+  and panel compare the scales whose every shape has all of those seeds;
 * where a grid ran named targets: `targets.md`, the peaks of the x0, v and eps targets (eq:targets).
   In the 12-bin family x0 is alpha = 0 and v is alpha = 1, so their alpha runs fill those columns;
 * where grids ran schedules or data-driven rules (g = 1, q+a): `rules.md`, each one's peak beside the
@@ -226,26 +227,38 @@ def write_landscape(data: Peaks, out: Path) -> None:
     print(f"wrote {out / 'landscape.png'} {out / 'landscape.md'}")
 
 
+def scale_summaries(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> List[Dict[str, object]]:
+    """The scale study over every complete scale (scale_summary) and, where the g = 1 shapes share more
+    seeds than it could use, a second one over the scales whose every shape has all of those seeds."""
+    first = scale_summary(by_g)
+    if 1.0 not in by_g or len(first["gs"]) < 2 or not first["alphas"]:
+        return [first]
+    g1_seeds = set.intersection(*(set(by_g[1.0][a]) for a in first["alphas"]))
+    wider = [g for g in first["gs"] if all(g1_seeds <= set(by_g[g][a]) for a in first["alphas"])]
+    if len(g1_seeds) <= len(first["seeds"]) or len(wider) < 2:
+        return [first]
+    return [first, scale_summary({g: by_g[g] for g in wider})]
+
+
 def write_scale(data: Peaks, out: Path) -> None:
-    summaries = {r: scale_summary(data[r]) for r in sorted(data) if len(data[r]) > 1}
-    for r, s in summaries.items():
+    summaries = {r: scale_summaries(data[r]) for r in sorted(data) if len(data[r]) > 1}
+    for r, (s, *_) in summaries.items():
         if s["incomplete"]:
             short = ", ".join(f"{g:g}" for g in s["incomplete"])
             print(f"{r}: g = {short} left out of the scale study (not every shape of tab:scale has run)")
         if len(s["gs"]) > 1 and not s["seeds"]:
-            print(f"{r}: no seed has run every shape at every complete scale; no scale study")
-    rewards = [r for r, s in summaries.items() if "winners" in s]
-    if not rewards:
+            print(f"{r}: no seed has run every shape at every complete scale")
+    panels = [(r, s) for r, ss in summaries.items() for s in ss if "winners" in s]
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(rewards), figsize=(3.6 * len(rewards), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
     lines = ["| reward | source | seeds | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
     lines.append("|---" * (len(PAPER_GS) + 4) + "|")
-    for ax, reward in zip(axes[0], rewards):
-        s = summaries[reward]
+    for ax, (reward, s) in zip(axes[0], panels):
         cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
         seeds = ", ".join(map(str, s["seeds"]))
         lines.append(f"| {reward} | this code | {seeds} | " + " | ".join(cells) + f" | {s['regret']:.4f} |")
-        if reward in PAPER_SCALE:
+        if reward in PAPER_SCALE and s is summaries[reward][-1]:
             won, regret = PAPER_SCALE[reward]
             lines.append(f"| {reward} | paper | n = 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
         ax.imshow(s["ranks"], cmap="viridis_r", aspect="auto")
@@ -254,7 +267,8 @@ def write_scale(data: Peaks, out: Path) -> None:
             ax.text(j, i, str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8)
         ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
         ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
-        ax.set(title=f"{reward}: rank within scale", xlabel="scale g", ylabel="alpha")
+        title = f"{reward}, n = {len(s['seeds'])}: rank within scale"
+        ax.set(title=title, xlabel="scale g", ylabel="alpha")
     fig.tight_layout()
     fig.savefig(out / "scale_ranks.png", dpi=110)
     plt.close(fig)

@@ -120,6 +120,35 @@ def test_scale_winners_regret_and_ranks_follow_tab_scale():
     assert "winners" not in plot_cifar_grid.scale_summary(by_g)
 
 
+def test_scale_study_adds_the_scales_that_have_all_of_g1s_seeds(tmp_path):
+    import plot_cifar_grid
+
+    # seed 1 at every scale (alpha 1 wins); seeds 2 and 3 only at g = 1 and 2, where alpha 0 wins on the mean
+    peaks = {1: {0.0: 0.5, 1.0: 0.6}, 2: {0.0: 0.9, 1.0: 0.6}, 3: {0.0: 0.9, 1.0: 0.6}}
+    by_g = {
+        g: {a: {k: peaks[k][a] for k in (1, 2, 3) if g != 0.5 or k == 1} for a in (0.0, 1.0)} for g in (0.5, 1.0, 2.0)
+    }
+    first, wider = plot_cifar_grid.scale_summaries(by_g)
+    assert first["gs"] == [0.5, 1.0, 2.0] and first["seeds"] == [1] and first["winners"][1.0] == 1.0
+    assert wider["gs"] == [1.0, 2.0] and wider["seeds"] == [1, 2, 3] and wider["winners"] == {1.0: 0.0, 2.0: 0.0}
+    by_g[2.0][1.0].pop(3)  # g = 2 lacks a seed of g = 1: only g = 1 is left, nothing to compare
+    assert len(plot_cifar_grid.scale_summaries(by_g)) == 1
+    by_g[0.5] = by_g[2.0] = by_g[1.0]  # every scale has every seed: one study
+    assert [s["seeds"] for s in plot_cifar_grid.scale_summaries(by_g)] == [[1, 2, 3]]
+    runs = [
+        {"task": "edge", "settings": {"weighting": "fixed", "alpha": a, "g": g}, "seed": k, "peak": peaks[k][a]}
+        for g in (0.5, 1.0, 2.0)
+        for a in (0.0, 1.0)
+        for k in (1, 2, 3)
+        if g != 0.5 or k == 1
+    ]
+    (tmp_path / "grid.json").write_text(json.dumps({"runs": runs}))
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(tmp_path / "grid.json"),), out=str(tmp_path / "out")))
+    table = (tmp_path / "out" / "scale.md").read_text()
+    assert "| edge | this code | 1 | 1 | - | 1 | - | 1 | 0.0000 |" in table
+    assert "| edge | this code | 1, 2, 3 | - | - | 0 | - | 0 | 0.0000 |" in table
+
+
 def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_seed(tmp_path):
     import plot_cifar_grid
     from PIL import Image
