@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fpo_utils import cifar_fast
-from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision, to_device  # noqa: F401
+from fpo_utils.devices import PRECISIONS, pick_device, set_precision, to_device  # noqa: F401
 from fpo_utils.runfolder import RunFolder, cli
 from fpo_utils.settings import check_at_least, check_divisible, check_finite, check_literals, subset
 from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are this module's public API too)

@@ -49,7 +49,7 @@ import torch
 import tyro
 
 import cifar_fpo
-from fpo_utils.cifar_fast import PRECISIONS, pick_device, set_precision
+from fpo_utils.devices import PRECISIONS, pick_device, set_precision
 from fpo_utils.runfolder import RunError, strict
 from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images, velocity_losses
 from rewards import make_reward

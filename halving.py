@@ -50,7 +50,7 @@ Grids (``cifar-grid``, ``robot-grid``)
     name; with several estimators, ``paired`` holds the per-seed peak differences of the first
     estimator against each other one (tab:sampling: mean, SD, W/T/L at tolerance .003). ``grid.md`` holds the tables as
     Markdown. ``--pack K`` trains up to K CIFAR runs that can be batched together
-    (fpo_utils/cifar_pack.py: the same model, batch, draws, Euler steps, optimiser and validation
+    (cifar_fpo_pack.py: the same model, batch, draws, Euler steps, optimiser and validation
     banks; a grid's runs differ only in reward, weighting settings and seed, so all of them can) in
     one process on one device, every tensor with a leading run axis. Each packed run writes its own
     run folder as it would alone, equal to it to float32 rounding; a run that ends leaves its pack,
@@ -136,7 +136,7 @@ import tyro
 
 import cifar_fpo
 import robot_fpo
-from fpo_utils import cifar_pack
+import cifar_fpo_pack as cifar_pack
 from fpo_utils.runfolder import (
     CHECKPOINT,
     EXIT_BAD_INPUT,
@@ -322,7 +322,7 @@ class CifarGrid(Sweep):
     """Settings shared by every run (model, budget --train.num-updates, early stopping, estimator, ...); the
     grid sets the cell's weighting settings, reward, seed, resume, run_name and runs_dir."""
     pack: int = 1
-    """Runs trained together as one pack: in one process on one device, batched (fpo_utils/cifar_pack.py),
+    """Runs trained together as one pack: in one process on one device, batched (cifar_fpo_pack.py),
     each writing its own run folder as it would alone and equal to it to float32 rounding. Runs pack when
     they share the settings in cifar_pack.SHARED (model, batch and group sizes, draws, Euler steps,
     optimiser, validation banks, device, precision): all runs of one grid do, whatever their reward, cell
@@ -417,7 +417,7 @@ def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = 
 
 
 def run_pack_segment(trainer: str, args_list, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
-    """Train the CIFAR arms of one pack together in this process (fpo_utils/cifar_pack.py), each continued
+    """Train the CIFAR arms of one pack together in this process (cifar_fpo_pack.py), each continued
     from its run folder's checkpoint as `run_segment` continues one arm; arms that already ended are left
     out. Returns {"states": {arm: state}, "failed": {arm: reason}}: an arm that cannot start (a corrupt
     checkpoint, say) is failed and the others train."""

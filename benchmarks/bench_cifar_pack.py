@@ -1,4 +1,4 @@
-"""Grid throughput of packed CIFAR runs (fpo_utils/cifar_pack.py) against one run alone, on one device.
+"""Grid throughput of packed CIFAR runs (cifar_fpo_pack.py) against one run alone, on one device.
 
 K runs of Algorithm 1 at the paper configuration's shapes (64 samples x 20 Euler steps, 4 draws per
 sample, one Adam step; the validation, 4 x 128 images x 20 steps every 20 updates, is timed apart and
@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_cifar_update import PAPER_UNET, NullFolder, run_updates, sync  # noqa: E402
 
 import cifar_fpo  # noqa: E402
-from fpo_utils import cifar_fast, cifar_pack  # noqa: E402
+import cifar_fpo_pack as cifar_pack  # noqa: E402
+from fpo_utils.devices import pick_device  # noqa: E402
 
 ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # the grid's exponents, cycled over a pack's runs
 
@@ -144,7 +145,7 @@ def main(args: Args):
         raise ValueError(f"--network {args.network!r} is not one of standin, paper")
     if args.quick:
         args = replace(args, packs=(1, 2), updates=2, warmup=1, batch_size=4, sample_steps=2)
-    device = cifar_fast.pick_device(args.device)
+    device = pick_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

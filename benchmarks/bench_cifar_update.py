@@ -40,6 +40,7 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cifar_fpo  # noqa: E402
 from fpo_utils import cifar_fast  # noqa: E402
+from fpo_utils.devices import pick_device  # noqa: E402
 
 PAPER_UNET = {
     "_class_name": "UNet2DModel",
@@ -285,7 +286,7 @@ def main(args: Args):
     if bad:
         raise ValueError(f"--modes {bad} not in {', '.join(MODES)}")
     apply_inductor_setting(args.inductor)
-    device = cifar_fast.pick_device(args.device)
+    device = pick_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     rows = []

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cifar_update import sync  # noqa: E402
 
-from fpo_utils.cifar_fast import pick_device, set_precision  # noqa: E402
+from fpo_utils.devices import pick_device, set_precision  # noqa: E402
 from fpo_utils.unet import DEFAULT_MODEL, load_unet  # noqa: E402
 
 FORMS = ("alone", "alone-graph", "vmap", "vmap-graph", "loop", "loop-graph", "loop-cl", "loop-graph-cl", "vmap-compile")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from cifar10 import load_cifar10  # noqa: E402
 
 import rewards  # noqa: E402
-from fpo_utils.cifar_fast import pick_device  # noqa: E402
+from fpo_utils.devices import pick_device  # noqa: E402
 from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images  # noqa: E402
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

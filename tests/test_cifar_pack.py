@@ -1,4 +1,4 @@
-"""Packed runs (fpo_utils/cifar_pack.py, halving.py cifar-grid --pack) against the same runs alone.
+"""Packed runs (cifar_fpo_pack.py, halving.py cifar-grid --pack) against the same runs alone.
 
 A pack of runs that differ in weighting, seed, reward and stopping point must write, run by run, the
 folders the single-run loop of cifar_fpo.py writes: the same files, metrics rows, summaries and
@@ -34,7 +34,7 @@ from jsonl_records import read_jsonl, strip_times  # noqa: E402
 
 import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
-from fpo_utils import cifar_pack  # noqa: E402
+import cifar_fpo_pack as cifar_pack  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
 MOMENT_ATOL = 1e-5

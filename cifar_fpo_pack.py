@@ -43,7 +43,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cifar_fpo
 from cifar_fpo import Args, Run, make_generator
-from fpo_utils.cifar_fast import eval_mode, pick_device
+from fpo_utils.cifar_fast import eval_mode
+from fpo_utils.devices import pick_device
 from fpo_utils.runfolder import RunFolder
 from fpo_utils.unet import autocast_ctx, sample_images, velocity, velocity_losses
 from weighting import coherence_moments, draw_multipliers
