@@ -1,11 +1,11 @@
 """Algorithm 1 of the paper: FPO fine-tuning of a flow-matching image generator with timestep-weighted
 ELBO losses (alg:cifar, app:cifar).
 
-Read top to bottom: the settings (`Args`, `PRESETS`), the few pieces an update uses, `setup`, then
-`train`, whose loop is Algorithm 1 with its steps numbered, followed by validation and stopping, and
-`main`. The generator is in fpo_utils/unet.py, the speed settings in fpo_utils/cifar_fast.py, the run
-folder in fpo_utils/runfolder.py, the argument checks in fpo_utils/settings.py and the weighting rules
-in weighting.py.
+Read top to bottom: the settings (`Args`, `PRESETS`), the pieces an update uses (the Euler sampler,
+advantages, the velocity loss, the clipped objective), `setup`, then `train`, whose loop is Algorithm 1
+with its steps numbered, followed by validation and stopping, and `main`. The weighting rules are in
+weighting.py; the network in fpo_utils/unet.py, the fast mode (--compile) in fpo_utils/cifar_graphs.py,
+the logged numbers in fpo_utils/cifar_metrics.py, the run folder in fpo_utils/runfolder.py.
 
     python cifar_fpo.py --preset quick                  # a few minutes on a CPU
     python cifar_fpo.py --alpha -2                      # the paper's settings (app:cifar)
@@ -13,6 +13,7 @@ in weighting.py.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -22,21 +23,19 @@ from typing import Any, Dict, List, Literal, Optional, Tuple
 import numpy as np
 import torch
 
-from fpo_utils import cifar_fast
-from fpo_utils.devices import PRECISIONS, pick_device, set_precision, to_device  # noqa: F401
+from fpo_utils import cifar_graphs
+from fpo_utils.cifar_metrics import TAGS, update_line, update_row, update_values
+from fpo_utils.devices import PRECISIONS, autocast_ctx, pick_device, set_precision, to_device  # noqa: F401
 from fpo_utils.runfolder import RunFolder, cli
 from fpo_utils.settings import check_at_least, check_divisible, check_finite, check_literals, subset
 from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are this module's public API too)
     CONVENTIONS,
     DEFAULT_MODEL,
     UNet2D,
-    autocast_ctx,
     load_unet,
     resolve_model,
-    sample_images,
     save_unet,
     velocity,
-    velocity_losses,
 )
 from rewards import make_reward
 from weighting import WeightingRule, coherence_moments, draw_multipliers, sample_bin_times
@@ -61,8 +60,8 @@ class Args:
     """fp32 (app:cifar), tf32 matmuls, or bf16 autocast of the network; the objective stays FP32."""
     compile: bool = False
     """Fast path: torch.compile, the sampler as one CUDA graph, cuDNN autotuning, fused Adam."""
-    reuse_old_losses: Optional[bool] = None
-    """Take l_old from the current forward, detached (exact here: theta_old = theta); default: --compile."""
+    reuse_old_losses: bool = False
+    """l_old from the current forward, detached, not a frozen copy: exact here; refused for a net with dropout."""
     track: bool = False
     """Also send the scalars to Weights & Biases (pip install wandb)."""
     wandb_project_name: str = "fpo"
@@ -230,11 +229,7 @@ def resolve_args(args: Args) -> Args:
         raise ValueError(f"--clip-ratio {args.clip_ratio} must be in (0, 1)")
     if args.weighting == "schedule" and args.k1 < args.k0:
         raise ValueError(f"--k1 {args.k1} must be >= --k0 {args.k0}")
-    args = replace(
-        args,
-        checkpoint_every=args.checkpoint_every or args.val_every,
-        reuse_old_losses=args.compile if args.reuse_old_losses is None else args.reuse_old_losses,
-    )
+    args = replace(args, checkpoint_every=args.checkpoint_every or args.val_every)
     check_at_least(args, ("checkpoint_every",), 1)
     if args.run_name is None:
         args = replace(args, run_name=f"{args.reward}__{weighting_label(args)}__{args.preset}__{args.seed}")
@@ -257,12 +252,18 @@ def make_generator(seed: int, purpose: str, k: int = 0, device="cpu") -> torch.G
     return gen
 
 
-def draw_times_and_noise(plan, n: int, m: int, gen: torch.Generator, shape, device):
-    """M auxiliary (t, eps) pairs per endpoint: t from the plan's bin law, eps ~ N(0, I); drawn on the
-    CPU, so a run's draws do not depend on the device."""
-    t = sample_bin_times(plan.q, n * m, generator=gen).view(n, m).float()
-    eps = torch.randn((n, m, *shape), generator=gen)
-    return to_device(t, device), to_device(eps, device)
+@torch.no_grad()
+def sample_images(net, latents: torch.Tensor, steps: int, convention: str, autocast=None) -> torch.Tensor:
+    """Euler integration of the generation ODE dx/dt = v_theta(x, t) from noise x_0 = latents (t=0) to data
+    (t=1) on a uniform grid: x <- x + v_theta(x, j/S) / S for j = 0..S-1 (S = steps), then clamped to [-1, 1]."""
+    x = latents
+    dt = 1.0 / steps
+    for j in range(steps):
+        t = torch.full((x.shape[0],), j * dt, device=x.device, dtype=x.dtype)
+        with autocast_ctx(autocast, x.device):
+            v = velocity(net, x, t, convention)
+        x = x + dt * v.float()
+    return x.clamp(-1.0, 1.0)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
@@ -271,6 +272,31 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     mean = r.mean(dim=1, keepdim=True)
     sd = r.std(dim=1, unbiased=True, keepdim=True)
     return ((r - mean) / (sd + eps)).view(-1)
+
+
+def draw_times_and_noise(plan, n: int, m: int, gen: torch.Generator, shape, device):
+    """M auxiliary (t, eps) pairs per endpoint: t from the plan's bin law, eps ~ N(0, I); drawn on the
+    CPU, so a run's draws do not depend on the device."""
+    t = sample_bin_times(plan.q, n * m, generator=gen).view(n, m).float()
+    eps = torch.randn((n, m, *shape), generator=gen)
+    return to_device(t, device), to_device(eps, device)
+
+
+def velocity_losses(
+    net, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, convention: str, autocast=None
+) -> torch.Tensor:
+    """Step 6's per-dimension velocity losses (eq:path, eq:targets) of endpoints x (n,C,H,W), times t (n,M) and
+    noises eps (n,M,C,H,W): x_t = (1-t) eps + t x, u = x - eps, l_v = |v_theta(x_t, t) - u|^2 / d, d = C H W.
+    Returns (n, M) in FP32; only the network runs under `autocast`."""
+    n, m = t.shape
+    xe = x.unsqueeze(1).expand_as(eps)
+    tt = t.view(n, m, 1, 1, 1)
+    x_t = (1.0 - tt) * eps + tt * xe
+    u = xe - eps
+    with autocast_ctx(autocast, x.device):
+        v = velocity(net, x_t.reshape(n * m, *x.shape[1:]), t.reshape(n * m), convention)
+    v = v.float().view_as(u)
+    return (v - u).pow(2).flatten(2).mean(dim=2)
 
 
 def fpo_loss(
@@ -348,6 +374,18 @@ def build_calibration_bank(net, args: Args, device, convention, autocast=None) -
     return torch.cat(out).numpy()
 
 
+def check_reuse_old_losses(net: torch.nn.Module) -> None:
+    """--reuse-old-losses takes l_old from step 6's forward of theta (train mode), detached, for the frozen
+    copy's (eval mode): the same values only when theta_old = theta there (one gradient step per rollout, as
+    this loop takes) and the two modes compute the same function. Refuses a network where they do not."""
+    for name, m in net.named_modules():
+        if (isinstance(m, torch.nn.Dropout) and m.p > 0) or isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            raise ValueError(
+                f"--reuse-old-losses needs a network whose train and eval modes agree, but {name} is {m}; "
+                "use a model with dropout 0 and no batch norm, or leave the flag off (a frozen copy)"
+            )
+
+
 @dataclass
 class Run:
     """Everything one training run holds between updates (see `setup`)."""
@@ -355,7 +393,9 @@ class Run:
     args: Args
     device: torch.device
     net: torch.nn.Module
-    paths: cifar_fast.FastPaths  # fwd, sampler, old_losses: chosen once (fpo_utils/cifar_fast.py)
+    fwd: Any  # the network as step 6 calls it (compiled with --compile)
+    old_net: Optional[torch.nn.Module]  # theta_old: a frozen copy (None with --reuse-old-losses)
+    sampler: Any  # latents -> images: `sample_images` in eval mode (one CUDA graph with --compile on CUDA)
     optimizer: torch.optim.Optimizer
     reward_fn: Any
     convention: str
@@ -369,9 +409,9 @@ class Run:
 
 
 def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
-    """Build the generator, its fast paths, Adam, the reward, the validation latents and the weighting
-    rule (with the calibration bank and, for static rules, the initial fit); or, when `rf` holds a
-    checkpoint, restore the run from it."""
+    """Build the generator, its frozen copy theta_old, the fast mode, Adam, the reward, the validation latents
+    and the weighting rule (with the calibration bank and, for static rules, the initial fit); or, when `rf`
+    holds a checkpoint, restore the run from it."""
     args = resolve_args(args)
     device = pick_device(args.device)
     autocast = set_precision(args.precision)
@@ -380,11 +420,15 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
     random.seed(args.seed)
     net = load_unet(resolve_model(args.model), device=device, dtype=torch.float32).train()
     convention = args.convention or getattr(net, "convention", None) or "sigma"
-    paths = cifar_fast.choose(
+    if args.reuse_old_losses:
+        check_reuse_old_losses(net)
+    old_net = None if args.reuse_old_losses else copy.deepcopy(net).eval().requires_grad_(False)
+    # --compile: the network compiled, `sample_images` captured as one CUDA graph (fpo_utils/cifar_graphs.py)
+    paths = cifar_graphs.choose(
         net,
         device,
+        sample_images,
         compile=args.compile,
-        reuse_old_losses=args.reuse_old_losses,
         steps=args.sample_steps,
         convention=convention,
         autocast=autocast,
@@ -407,7 +451,8 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
         **subset(args, "bins", "alpha", "target", "alpha_early", "alpha_late", "k0", "k1", "eta", "online_kappa"),
         **subset(args, "online_decay", "online_init", "refit_eta", "refit_every", "estimator", "g"),
     )
-    run = Run(args, device, net, paths, optimizer, reward_fn, convention, autocast, rule, val_latents, history=[])
+    parts = (net, paths.fwd, old_net, paths.sampler, optimizer, reward_fn, convention, autocast, rule, val_latents)
+    run = Run(args, device, *parts, history=[])
     if rf is not None and rf.resuming:
         ckpt = rf.load_checkpoint(map_location="cpu")  # also restores every RNG state
         net.load_state_dict(ckpt["model"])
@@ -433,7 +478,7 @@ def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor
     chunk = chunk or (run.val_latents.shape[0] if run.args.compile else 128)
     images, rewards = [], []
     for s in range(0, run.val_latents.shape[0], chunk):
-        x = run.paths.sampler(run.val_latents[s : s + chunk])
+        x = run.sampler(run.val_latents[s : s + chunk])
         rewards.append(run.reward_fn(x).float().cpu())
         if not images:
             images.append(x[:64].cpu())
@@ -461,15 +506,6 @@ def should_stop(history: List[Dict[str, float]], args: Args) -> Optional[str]:
         if max(vals[best_idx + 1 :]) <= max(vals[: best_idx + 1]) + args.stop_min_delta:
             return "plateau"
     return None
-
-
-# TensorBoard tags of the metrics (CleanRL's charts/ and losses/ groups); other keys go under charts/.
-TAGS = {
-    "train_reward_mean": "charts/train_reward",
-    **{k: f"losses/{k}" for k in ("loss", "clip_frac", "ratio_mean", "ratio_max_dev", "grad_norm", "velocity_loss")},
-    **{k: f"weighting/{k}" for k in ("a_k", "alpha", "c_x0")},
-    **{k: f"perf/{k}" for k in ("time_s", "unix_time")},
-}
 
 
 def checkpoint(run: Run, rf: RunFolder):
@@ -519,60 +555,11 @@ def record_validation(run: Run, rf: RunFolder, val: float, images: torch.Tensor,
     return reason is not None
 
 
-def update_values(rewards, loss, ratio, l_new, grad_norm, clip_ratio: float) -> torch.Tensor:
-    """The numbers an update logs, as one tensor so that one host sync reads them all (`update_row`)."""
-    r = ratio.detach()
-    return torch.stack(
-        [
-            rewards.mean(),
-            rewards.std(),
-            loss.detach(),
-            r.mean(),
-            (r - 1).abs().max(),
-            ((r - 1).abs() > clip_ratio).float().mean(),
-            l_new.detach().mean(),
-            torch.isfinite(rewards).all().float(),
-            grad_norm.float(),
-        ]
-    )
-
-
-def update_row(k: int, values: List[float], rule: WeightingRule, plan) -> Tuple[Dict[str, Any], bool]:
-    """The metrics row of update k from `update_values`, and whether its Adam step may be taken (a
-    non-finite loss, reward or gradient ends the run instead)."""
-    finite_loss = math.isfinite(values[2]) and values[7] == 1.0
-    row = {
-        "kind": "update",
-        "update": k,
-        "train_reward_mean": values[0],
-        "train_reward_std": values[1],
-        "loss": values[2],
-        "ratio_mean": values[3],
-        "ratio_max_dev": values[4],
-        "clip_frac": values[5],
-        "velocity_loss": values[6],
-        "alpha": rule.alpha(k),
-        "a_k": float(plan.scale),
-        "q": [round(float(v), 6) for v in plan.q],
-        "grad_norm": values[8] if finite_loss else float("nan"),
-    }
-    return row, finite_loss and math.isfinite(values[8])
-
-
-def update_line(m: Dict[str, Any]) -> str:
-    """The status line printed after an update."""
-    return (
-        f"update {m['update']:4d}  reward {m['train_reward_mean']:.4f}  loss {m['loss']:+.5f}  |r-1|max "
-        f"{m['ratio_max_dev']:.4f}  clip {m['clip_frac']:.2f}  gnorm {m['grad_norm']:.3f}  a_k {m['a_k']:.3f}  "
-        f"{m['time_s']:.2f}s"
-    )
-
-
 def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     """Updates k = run.k .. min(until, num_updates) - 1 of Algorithm 1 (alg:cifar), with validation,
     stopping and checkpoints. Validation node k measures the model after k updates (k = 0: the initial
     model). Returns the summary."""
-    args, net, device, rule, fast = run.args, run.net, run.device, run.rule, run.paths
+    args, net, device, rule, conv, autocast = run.args, run.net, run.device, run.rule, run.convention, run.autocast
     end = args.num_updates if args.until is None else min(args.until, args.num_updates)
     bar = rf.progress(total=end, initial=min(run.k, end))
     say = bar.write if not bar.disable else lambda line: print(line, flush=True)  # keeps a terminal's bar intact
@@ -594,15 +581,16 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
 
         # ---- Algorithm 1, update k ----------------------------------------------------------------
         t0 = time.perf_counter()
-        # 2: theta_old <- sg(theta) (a frozen copy, or nothing to do when the old losses reuse the current forward)
-        fast.old_losses.sync()
+        # 2: theta_old <- sg(theta): the frozen copy takes theta (no copy with --reuse-old-losses: see step 6)
+        if run.old_net is not None:
+            run.old_net.load_state_dict(net.state_dict())
         # 3: the weighting at update k: bin law q_k and calibrated scale a_k
         plan = rule.plan(k)
-        # 4: rollouts from the old policy, rewards, group advantages (all detached)
+        # 4: rollouts from the old policy (`sample_images`), rewards, group advantages (all detached)
         latents = to_device(
             torch.randn((args.batch_size, 3, 32, 32), generator=make_generator(args.seed, "rollout", k)), device
         )
-        x = fast.sampler(latents)
+        x = run.sampler(latents)
         with torch.no_grad():
             rewards = run.reward_fn(x).float()
         adv = group_advantages(rewards, args.group_size, args.adv_eps)
@@ -611,9 +599,11 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
             plan, args.batch_size, args.mc_draws, make_generator(args.seed, "draws", k), (3, 32, 32), device
         )
         mult = draw_multipliers(plan, t).float()
-        # 6: current and old losses on the same endpoints, times and noises
-        l_new = velocity_losses(fast.fwd, x, t, eps, run.convention, run.autocast)
-        l_old = fast.old_losses(l_new, x, t, eps)
+        # 6: current and old losses on the same endpoints, times and noises; --reuse-old-losses takes l_old
+        # from the current forward, detached: the same values, as theta_old = theta until step 8's Adam step
+        l_new = velocity_losses(run.fwd, x, t, eps, conv, autocast)
+        with torch.no_grad():
+            l_old = l_new.detach() if run.old_net is None else velocity_losses(run.old_net, x, t, eps, conv, autocast)
         # 7: D_i, r_i = exp(D_i) and the PPO-clipped objective (eq:rl-mc, eq:rl-ppo)
         loss, ratio = fpo_loss(l_old, l_new, adv, mult, args.clip_ratio, args.log_ratio_clip)
         # 8: backward and the gradient-norm clip are queued before any value is read back, so the GPU never
@@ -628,7 +618,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
             # online rules: fit on one fresh batch after update k, deployed at update k+1 (eq:online)
             if rule.wants_fit(k):
                 gen = make_generator(args.seed, "fit", k + 1)
-                u, v, fit_reward = fit_coherence(net, run.reward_fn, args, gen, device, run.convention, run.autocast)
+                u, v, fit_reward = fit_coherence(net, run.reward_fn, args, gen, device, conv, autocast)
                 metrics.update(fit_reward=fit_reward, **rule.observe(k, u, v))
         metrics.update(time_s=time.perf_counter() - t0, unix_time=time.time())
         rf.log(metrics, step=k, tags=TAGS)

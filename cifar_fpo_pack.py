@@ -1,5 +1,8 @@
 """K image runs trained together: Algorithm 1 of cifar_fpo.py with a leading run axis on every tensor.
 
+A variant of its reference: it imports cifar_fpo.py's pieces and swaps the update's tensors for batched
+ones; nothing in cifar_fpo.py or fpo_utils/ imports it (halving.py's `cifar-grid --pack` does).
+
 One update of a small run (the shipped 4.2M-parameter generator at batch 64) issues thousands of small
 kernels. A pack trains K runs in one process on one device and issues each kernel once for all of
 them: the K networks' parameters are stacked, (K, *shape), and the single-run functions
@@ -42,11 +45,11 @@ from torch.func import functional_call, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cifar_fpo
-from cifar_fpo import Args, Run, make_generator
-from fpo_utils.cifar_fast import eval_mode
-from fpo_utils.devices import pick_device
+from cifar_fpo import Args, Run, make_generator, sample_images, velocity_losses
+from fpo_utils.cifar_graphs import eval_mode
+from fpo_utils.devices import autocast_ctx, pick_device
 from fpo_utils.runfolder import RunFolder
-from fpo_utils.unet import autocast_ctx, sample_images, velocity, velocity_losses
+from fpo_utils.unet import velocity
 from weighting import coherence_moments, draw_multipliers
 
 # Settings every run of a pack shares: the shapes of the batched tensors and the constants applied to
@@ -153,7 +156,7 @@ class Pack:
         self.val_latents = torch.stack([r.val_latents for r in runs])
         self.staging: Dict[str, torch.Tensor] = {}
         for r in runs:  # the pack holds the networks and Adam now
-            r.net = r.optimizer = r.paths = r.val_latents = None
+            r.net = r.fwd = r.old_net = r.sampler = r.optimizer = r.val_latents = None
         self._views()
 
     def _views(self):

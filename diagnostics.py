@@ -19,18 +19,8 @@ noise); heatmaps reverse this so the clean end sits at the upper left and the no
 lower right (app:approved-heatmaps). A gradient vector is the flattened gradient of all trainable
 parameters of the network (CIFAR: the U-Net; robots: the actor).
 
-Memory layout of the gradient Gram (`streamed_gram`). Every statistic needs only the Gram matrix
-``G G^T`` of the (batches+1) x bins gradient vectors (the +1 is the paired control), never the
-vectors themselves. The vectors are written into one preallocated fp32 buffer of shape
-(vectors, width) on the compute device. When all P parameters fit in the memory budget
-(``--grad-memory-gb``; default 40% of the free GPU memory, 2 GB on a CPU) width = P and each
-gradient is computed once; otherwise the parameter vector is split into ceil(P / width) column
-slices and the gradients are recomputed once per slice, on the same stored draws, each pass
-adding its slice's contribution ``G_s G_s^T`` to the Gram (accumulated in float64 in column
-blocks of 2^20). Peak extra memory is ``vectors x width x 4`` bytes plus one flat gradient and
-one float64 column block. Example: the 35.7M-parameter paper U-Net with 4 batches + control x
-12 bins needs 60 x 35.7M x 4 B = 8.6 GB in one pass (fits an 80 GB GPU); with a 4 GB budget it
-makes three passes.
+The Gram statistics (fpo_utils/gram.py, with the memory layout of the streamed gradient Gram) and
+the heatmaps (fpo_utils/heatmaps.py) import without the trainers; this file measures checkpoints.
 """
 
 from __future__ import annotations
@@ -42,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -50,8 +40,18 @@ import tyro
 
 import cifar_fpo
 from fpo_utils.devices import PRECISIONS, pick_device, set_precision
+from fpo_utils.gram import (
+    block_summary,
+    default_memory_bytes,
+    gram_statistics,
+    paired_control_cosines,
+    phase_average,
+    streamed_gram,
+    summarise,
+)
+from fpo_utils.heatmaps import cifar_labels, save_atlas, save_heatmap
 from fpo_utils.runfolder import RunError, strict
-from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images, velocity_losses
+from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model
 from rewards import make_reward
 from weighting import WeightingRule, coherence_from_moments
 
@@ -65,8 +65,6 @@ DIAG_RATIO_CLIP = 0.08  # app:cifar-gradients: clip(r, .92, 1.08)
 DIAG_LOG_CLIP = 20.0  # app:cifar-gradients: clip((L_old - L_new)/d, -20, 20)
 ROBOT_BATCHES = 8  # app:robotics-new-geometry: eight fresh on-policy batches
 ROBOT_BINS = 10  # FPO: the 10-point s grid; FPO++: ten bins (app:robotics-new-geometry)
-DISPLAY_TAU = 0.1  # app:approved-heatmaps: z(c) = asinh(c/.1)/asinh(10)
-BLOCK_NAMES = ("high", "middle", "low")  # app:cifar-gradients: bins 0-3 / 4-7 / 8-11 (noise level)
 # app:mechanisms: spatial Fourier bands (cycles/pixel) and amplitudes (in [0, 1] image units)
 BANDS = {"coarse": (0.0, 0.08), "middle": (0.08, 0.22), "fine": (0.22, math.inf)}
 AMPLITUDES = (2 / 255, 4 / 255, 8 / 255)
@@ -79,190 +77,6 @@ PHASES = {
 }
 PHASE_NAMES = ("early", "middle", "late")
 MATRICES = ("C_cross", "C_within", "C_fluct", "C_paired", "W", "K", "N")
-
-
-# ---------------------------------------------------------------------------------------------
-# Gram statistics (eq:pairwise-cosines, eq:fluctuation)
-# ---------------------------------------------------------------------------------------------
-def _mean_with_counts(values: np.ndarray, axis: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Mean over ``axis`` ignoring NaNs, with the number of finite entries; NaN where none."""
-    finite = np.isfinite(values)
-    count = finite.sum(axis=axis)
-    total = np.where(finite, values, 0.0).sum(axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-    return mean, count
-
-
-def gram_statistics(gram: np.ndarray, n_batches: int, n_bins: int) -> Dict[str, Any]:
-    """All gradient-geometry statistics of ``B = n_batches`` independent batches from their Gram.
-
-    ``gram[i*n_bins + b, j*n_bins + c] = G_ib . G_jc``. Returns (arrays are (n_bins, n_bins)):
-
-    - ``C_within``: ``1/B sum_i cos(G_ib, G_ic)``; ``C_cross``: ``1/(B(B-1)) sum_{i!=j} cos(G_ib, G_jc)``
-      with the diagonal kept as measured (eq:pairwise-cosines). Pairs with a zero-norm vector are
-      skipped; ``within_counts`` / ``cross_counts`` hold the number of valid pairs per entry.
-    - ``W = 1/B sum_i G_ib.G_ic``, ``K = 1/(B(B-1)) sum_{i!=j} G_ib.G_jc``, ``N = W - K`` (the
-      centred covariance Gram), ``C_fluct = N_bc / sqrt(N_bb N_cc)`` (NaN where a diagonal is
-      not positive) and ``S = tr K / tr N`` (eq:fluctuation).
-    - ``norms`` (B, n_bins) and ``rms = sqrt(1/(n_bins B) sum |G_ib|^2``.
-    """
-    gram = np.asarray(gram, dtype=np.float64)
-    B, nb = int(n_batches), int(n_bins)
-    if B < 2:
-        raise ValueError(f"n_batches={n_batches}; cross-batch statistics need at least 2 batches")
-    if gram.shape != (B * nb, B * nb):
-        raise ValueError(f"gram has shape {gram.shape}; expected ({B * nb}, {B * nb}) for {B} batches x {nb} bins")
-    g = gram.reshape(B, nb, B, nb)
-    sq = np.einsum("ibib->ib", g)
-    norms = np.sqrt(np.maximum(sq, 0.0))
-    valid = norms > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cos = g / (norms[:, :, None, None] * norms[None, None, :, :])
-    cos = np.where(valid[:, :, None, None] & valid[None, None, :, :], cos, np.nan)
-    same = np.arange(B)
-    within = cos[same, :, same, :]  # (B, nb, nb)
-    pairs = [(i, j) for i in range(B) for j in range(B) if i != j]
-    cross = np.stack([cos[i, :, j, :] for i, j in pairs])
-    c_within, n_within = _mean_with_counts(within, 0)
-    c_cross, n_cross = _mean_with_counts(cross, 0)
-    diag_blocks = g[same, :, same, :]
-    W = diag_blocks.mean(axis=0)
-    K = (g.sum(axis=(0, 2)) - diag_blocks.sum(axis=0)) / (B * (B - 1))
-    N = W - K
-    dn = np.diag(N)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        c_fluct = N / np.sqrt(np.outer(dn, dn))
-    c_fluct = np.where((dn[:, None] > 0) & (dn[None, :] > 0), c_fluct, np.nan)
-    tr_n = float(np.trace(N))
-    return {
-        "C_within": c_within,
-        "C_cross": c_cross,
-        "within_counts": n_within,
-        "cross_counts": n_cross,
-        "W": W,
-        "K": K,
-        "N": N,
-        "C_fluct": c_fluct,
-        "trK": float(np.trace(K)),
-        "trN": tr_n,
-        "S": float(np.trace(K)) / tr_n if tr_n != 0 else float("nan"),
-        "norms": norms,
-        "rms": float(np.sqrt(np.mean(sq))),
-        "zero_norm_vectors": int((~valid).sum()),
-    }
-
-
-def paired_control_cosines(gram: np.ndarray, n_batches: int, n_bins: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Cross cosines between batch 0 and the paired control (the last of ``n_batches + 1`` batches).
-
-    ``C_paired_bc`` averages the two ordered pairs (0, control) and (control, 0), i.e. it is
-    `gram_statistics`' ``C_cross`` on those two batches alone. The control never enters W, K, N.
-    Returns (C_paired, valid-pair counts).
-    """
-    gram = np.asarray(gram, dtype=np.float64)
-    nb = int(n_bins)
-    idx = np.r_[0:nb, n_batches * nb : (n_batches + 1) * nb]
-    sub = gram[np.ix_(idx, idx)]
-    st = gram_statistics(sub, 2, nb)
-    return st["C_cross"], st["cross_counts"]
-
-
-def _offdiag_mean(m: np.ndarray) -> float:
-    m = np.asarray(m, dtype=np.float64)
-    mask = ~np.eye(m.shape[0], dtype=bool) & np.isfinite(m)
-    return float(m[mask].mean()) if mask.any() else float("nan")
-
-
-def _diag_mean(m: np.ndarray) -> float:
-    d = np.diag(np.asarray(m, dtype=np.float64))
-    d = d[np.isfinite(d)]
-    return float(d.mean()) if d.size else float("nan")
-
-
-def block_summary(matrix: np.ndarray, names: Sequence[str] = BLOCK_NAMES) -> Dict[str, float]:
-    """Means over noise blocks: bins split into len(names) contiguous blocks in storage order
-    (12 bins: high noise 0-3, middle 4-7, low 8-11; app:cifar-gradients). Within-block means omit
-    the diagonal; between-block means average both off-diagonal blocks. Also the whole-matrix
-    off-diagonal and diagonal means. NaN entries (zero-norm pairs) are skipped."""
-    m = np.asarray(matrix, dtype=np.float64)
-    parts = np.array_split(np.arange(m.shape[0]), len(names))
-    out = {"offdiag_mean": _offdiag_mean(m), "diag_mean": _diag_mean(m)}
-    for a, pa in enumerate(parts):
-        out[names[a]] = _offdiag_mean(m[np.ix_(pa, pa)]) if len(pa) > 1 else float("nan")
-        for b in range(a + 1, len(parts)):
-            vals = np.concatenate([m[np.ix_(pa, parts[b])].ravel(), m[np.ix_(parts[b], pa)].ravel()])
-            vals = vals[np.isfinite(vals)]
-            out[f"{names[a]}-{names[b]}"] = float(vals.mean()) if vals.size else float("nan")
-    return out
-
-
-def summarise(stats: Dict[str, Any], c_paired: Optional[np.ndarray] = None) -> Dict[str, Any]:
-    """JSON-ready scalars: S, traces, RMS, block summaries of the cosine matrices and the control."""
-    out = {k: stats[k] for k in ("S", "trK", "trN", "rms", "zero_norm_vectors")}
-    B, nb = stats["norms"].shape
-    out["skipped_pairs_within"] = int(B * nb * nb - stats["within_counts"].sum())  # zero-norm pairs omitted
-    out["skipped_pairs_cross"] = int(B * (B - 1) * nb * nb - stats["cross_counts"].sum())
-    out["K_negative_diagonals"] = int((np.diag(stats["K"]) < 0).sum())
-    for name in ("C_cross", "C_within", "C_fluct"):
-        out[name] = block_summary(stats[name])
-    if c_paired is not None:
-        out["C_paired"] = block_summary(c_paired)
-        out["paired_minus_cross_same_bin"] = out["C_paired"]["diag_mean"] - out["C_cross"]["diag_mean"]
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Streaming Gram of flattened gradients with bounded memory
-# ---------------------------------------------------------------------------------------------
-def default_memory_bytes(device: torch.device) -> int:
-    """40% of the free memory of a CUDA device, else 2 GB."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(0.4 * free)
-    return 2 * 1024**3
-
-
-def streamed_gram(
-    grad_fn: Callable[[int], Sequence[Optional[torch.Tensor]]],
-    params: Sequence[torch.Tensor],
-    n_vectors: int,
-    memory_bytes: int,
-    device: torch.device,
-) -> Tuple[np.ndarray, Dict[str, Any]]:
-    """Gram matrix ``G G^T`` (float64, n_vectors^2) of flattened gradients ``G_k = grad_fn(k)``.
-
-    ``grad_fn(k)`` returns one gradient per parameter (None = zero) and must be deterministic in
-    k (it is called once per column slice). See the module docstring for the layout.
-    """
-    if n_vectors < 1:
-        raise ValueError(f"n_vectors={n_vectors}; need at least one gradient")
-    sizes = [p.numel() for p in params]
-    total = int(sum(sizes))
-    width = int(max(1, min(total, memory_bytes // (4 * n_vectors))))
-    slices = [(lo, min(total, lo + width)) for lo in range(0, total, width)]
-    gram = torch.zeros((n_vectors, n_vectors), dtype=torch.float64, device=device)
-    buf = torch.empty((n_vectors, width), dtype=torch.float32, device=device)
-    step = 1 << 20
-    for lo, hi in slices:
-        for k in range(n_vectors):
-            grads = grad_fn(k)
-            flat = torch.cat(
-                [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
-            )
-            buf[k, : hi - lo] = flat[lo:hi]
-            del flat, grads
-        for s in range(0, hi - lo, step):
-            blk = buf[:, s : min(hi - lo, s + step)].double()
-            gram += blk @ blk.T
-    info = {
-        "parameters": total,
-        "vectors": n_vectors,
-        "slice_width": width,
-        "passes": len(slices),
-        "buffer_bytes": 4 * n_vectors * width,
-    }
-    return gram.cpu().numpy(), info
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +170,7 @@ def make_cifar_batches(
     for i in range(n_batches):
         gen = _generator(seed, 1, i)
         latents = torch.randn((batch_size, 3, 32, 32), generator=gen).to(device)
-        x = sample_images(net, latents, sample_steps, convention, autocast)
+        x = cifar_fpo.sample_images(net, latents, sample_steps, convention, autocast)
         with torch.no_grad():
             rewards = reward_fn(x).float()
         adv = cifar_fpo.group_advantages(rewards, group_size, adv_eps)
@@ -391,141 +205,18 @@ def cifar_grad_fn(
     def grad(k: int):
         i, b = divmod(k, n_bins)
         bt = batches[i]
-        l_new = velocity_losses(net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+        l_new = cifar_fpo.velocity_losses(net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
         if old_net is None:
             l_old = l_new.detach()
         else:
             with torch.no_grad():
-                l_old = velocity_losses(old_net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
+                l_old = cifar_fpo.velocity_losses(old_net, bt.x, bt.t[b], bt.eps[b], convention, autocast)
         loss, ratio = cifar_fpo.fpo_loss(l_old, l_new, bt.adv, 1.0, clip_ratio, log_clip)
         if ratio_dev is not None:
             ratio_dev[i] = max(ratio_dev.get(i, 0.0), float((ratio.detach() - 1).abs().max()))
         return torch.autograd.grad(loss, params, allow_unused=True)
 
     return grad, params
-
-
-# ---------------------------------------------------------------------------------------------
-# Display (app:approved-heatmaps)
-# ---------------------------------------------------------------------------------------------
-NEG_RGB = (33, 102, 172)  # -1
-ZERO_RGB = (255, 255, 255)  # 0
-POS_RGB = (178, 24, 43)  # +1
-NAN_RGB = (170, 170, 170)  # undefined entry (no valid pair)
-TICKS = (-1.0, -0.5, -0.2, -0.1, 0.0, 0.1, 0.2, 0.5, 1.0)
-
-
-def display_transform(c, tau: float = DISPLAY_TAU):
-    """Colour coordinate ``z(c) = asinh(c/tau)/asinh(1/tau)`` (tau = .1: asinh(c/.1)/asinh(10)),
-    used for colour only; z(+-1) = +-1 and z(0) = 0."""
-    if not tau > 0:
-        raise ValueError(f"tau={tau}; must be > 0")
-    return np.arcsinh(np.asarray(c, dtype=np.float64) / tau) / np.arcsinh(1.0 / tau)
-
-
-def cosine_colour(c: float, tau: float = DISPLAY_TAU) -> Tuple[int, int, int]:
-    """RGB of a raw cosine on the signed range [-1, 1]: blue (-1), white (0), red (+1),
-    interpolated linearly in the display coordinate z(c)."""
-    if not np.isfinite(c):
-        return NAN_RGB
-    z = float(display_transform(np.clip(c, -1.0, 1.0), tau))
-    end = POS_RGB if z >= 0 else NEG_RGB
-    a = abs(z)
-    return tuple(int(round((1 - a) * z0 + a * e)) for z0, e in zip(ZERO_RGB, end))
-
-
-def cosine_cmap(tau: float = DISPLAY_TAU):
-    """The colour map over the display coordinate z in [-1, 1]: `cosine_colour` of the raw cosine at each
-    z, so colours interpolate linearly in z (grey for undefined entries)."""
-    from matplotlib.colors import ListedColormap
-
-    raw = np.sinh(np.linspace(-1.0, 1.0, 513) * np.arcsinh(1.0 / tau)) * tau  # invert the display transform
-    cmap = ListedColormap([np.array(cosine_colour(float(c), tau)) / 255 for c in raw], name="cosine")
-    return cmap.with_extremes(bad=np.array(NAN_RGB) / 255)
-
-
-def draw_panel(ax, matrix: np.ndarray, labels: Sequence[str], title: str = "", tau: float = DISPLAY_TAU):
-    """One heatmap on the matplotlib axes `ax`. ``matrix`` and ``labels`` are in storage order (bin 0 =
-    noisiest); the panel shows them reversed, clean at the upper left and noisy at the lower right.
-    Colour is z(c) (`display_transform`); returns the image (its array holds z in display order)."""
-    m = np.asarray(matrix, dtype=np.float64)
-    n = m.shape[0]
-    if m.shape != (n, n) or len(labels) != n:
-        raise ValueError(
-            f"matrix shape {m.shape} and {len(labels)} labels do not match; expected a square n x n matrix"
-        )
-    order = list(range(n - 1, -1, -1))
-    z = np.ma.masked_invalid(display_transform(np.clip(m[np.ix_(order, order)], -1.0, 1.0), tau))
-    im = ax.imshow(z, cmap=cosine_cmap(tau), vmin=-1.0, vmax=1.0, interpolation="nearest")
-    names = [str(labels[i]) for i in order]
-    ax.set_xticks(range(n), names, fontsize=6, rotation=90)
-    ax.set_yticks(range(n), names, fontsize=6)
-    ax.set_title(title, fontsize=7)
-    ax.set_xlabel("clean -> noisy", fontsize=6)
-    return im
-
-
-def save_atlas(
-    path: Union[str, Path],
-    panels: Sequence[Sequence[Optional[Tuple[np.ndarray, str]]]],
-    labels: Sequence[str],
-    row_titles: Sequence[str] = (),
-    col_titles: Sequence[str] = (),
-    title: str = "",
-    cell: int = 16,
-    tau: float = DISPLAY_TAU,
-) -> Path:
-    """A grid of panels (rows = profiles, columns = phases or checkpoints) with one colour bar whose
-    ticks are raw cosines placed at their display coordinate. ``panels[r][c]`` is (matrix, panel
-    title) or None for an empty cell; ``cell`` is the size of one matrix entry in points."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = len(panels)
-    cols = max(len(r) for r in panels) if rows else 0
-    if rows == 0 or cols == 0:
-        raise ValueError("panels is empty; expected at least one (matrix, title) panel")
-    side = max(2.0, len(labels) * cell / 72 + 0.9)  # inches per panel
-    fig = Figure(figsize=(cols * side + 1.2, rows * side + (0.4 if title else 0.1)), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    im = None
-    for r in range(rows):
-        for c in range(cols):
-            ax, panel = axes[r][c], panels[r][c] if c < len(panels[r]) else None
-            if panel is None:
-                ax.axis("off")
-                continue
-            head = f"{col_titles[c]}\n" if r == 0 and c < len(col_titles) else ""
-            im = draw_panel(ax, panel[0], labels, head + panel[1], tau)
-            if c == 0 and r < len(row_titles):
-                ax.set_ylabel(str(row_titles[r]), fontsize=7)
-    ticks = [float(v) for v in TICKS]
-    bar = fig.colorbar(im, ax=axes, ticks=display_transform(ticks, tau), fraction=0.04, pad=0.02)
-    bar.ax.set_yticklabels([f"{v:g}" for v in ticks], fontsize=6)
-    bar.set_label("raw cosine (colour: asinh scale)", fontsize=6)
-    if title:
-        fig.suptitle(title, fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
-
-
-def save_heatmap(
-    path: Union[str, Path],
-    matrix: np.ndarray,
-    labels: Sequence[str],
-    title: str = "",
-    cell: int = 20,
-    tau: float = DISPLAY_TAU,
-) -> Path:
-    """One panel with its colour bar as a PNG."""
-    return save_atlas(path, [[(matrix, title)]], labels, cell=cell, tau=tau)
-
-
-def cifar_labels(n_bins: int) -> List[str]:
-    return [f"b{b}" for b in range(n_bins)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -926,7 +617,10 @@ def run_response(cmd: Response) -> Dict[str, Any]:
     reward_fn = make_reward(cmd.reward, device=device)
     latents = torch.randn((cmd.anchors, 3, 32, 32), generator=_generator(cmd.seed, 5)).to(device)
     anchors = torch.cat(
-        [sample_images(net, latents[s : s + 256], cmd.sample_steps, convention) for s in range(0, cmd.anchors, 256)]
+        [
+            cifar_fpo.sample_images(net, latents[s : s + 256], cmd.sample_steps, convention)
+            for s in range(0, cmd.anchors, 256)
+        ]
     )
     res = local_response(reward_fn, anchors, directions=cmd.directions, seed=cmd.seed)
     info = {
@@ -965,36 +659,6 @@ def robot_labels(objective: str, edges: np.ndarray) -> List[str]:
     if objective == "fpo":
         return [f"{1 - t:.1f}" for t in edges[:-1]]
     return [f"{1 - (a + b) / 2:.2f}" for a, b in zip(edges[:-1], edges[1:])]
-
-
-def phase_average(
-    records: Sequence[Dict[str, Any]],
-    windows: Sequence[Tuple[float, float]],
-    key: str = "position",
-    matrix: str = "matrix",
-) -> List[Dict[str, Any]]:
-    """Phase panels: within each window [lo, hi] (inclusive, on ``record[key]``), average the
-    checkpoint matrices within each seed, then average seeds with equal weight
-    (app:robotics-new-geometry). Each record has ``seed``, ``key`` and ``matrix``. Returns per window
-    ``{"matrix", "seeds", "checkpoints"}`` (matrix None when the window is empty)."""
-    out = []
-    for lo, hi in windows:
-        by_seed: Dict[Any, List[np.ndarray]] = {}
-        for r in records:
-            if lo <= r[key] <= hi:
-                by_seed.setdefault(r["seed"], []).append(np.asarray(r[matrix], dtype=np.float64))
-        if not by_seed:
-            out.append({"matrix": None, "seeds": 0, "checkpoints": 0})
-            continue
-        per_seed = [np.nanmean(np.stack(ms), axis=0) for ms in by_seed.values()]
-        out.append(
-            {
-                "matrix": np.nanmean(np.stack(per_seed), axis=0),
-                "seeds": len(per_seed),
-                "checkpoints": sum(len(v) for v in by_seed.values()),
-            }
-        )
-    return out
 
 
 def robot_gradients(
@@ -1058,6 +722,7 @@ class RobotGram:
 def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
     os.environ.setdefault("MUJOCO_GL", "disable")
     import robot_fpo
+    from fpo_utils.robot_bookkeeping import load_checkpoint
 
     if cmd.batches < 2:
         raise ValueError(f"--batches {cmd.batches} must be >= 2 (cross-batch cosines need two batches)")
@@ -1076,7 +741,7 @@ def run_robot_gram(cmd: RobotGram) -> Dict[str, Any]:
         rargs = replace(rargs, num_steps=cmd.num_steps)
     device = torch.device(cmd.device)
     state = robot_fpo.build_state(rargs, device)
-    robot_fpo.load_checkpoint(str(path), state)
+    load_checkpoint(str(path), state)
     update, global_step = state.update, state.global_step
     for rms in (state.obs_rms, state.ret_rms):  # statistics stay fixed while the diagnostic collects rollouts
         if rms is not None:

@@ -59,16 +59,16 @@ Grids (``cifar-grid``, ``robot-grid``)
 
 Arms as Ray tasks
     A segment of an arm (from its checkpoint up to a rung, or to the end for a grid) is one call of
-    `run_segment`. With Ray installed (``pip install -e '.[ray]'``) the segments of a rung are
-    submitted together as Ray tasks, each reserving ``--gpus-per-arm`` (default one GPU when the
-    arms train on a GPU) and ``--cpus-per-arm``; Ray places them on free resources of one machine
-    (a local Ray started for the sweep) or of a cluster (``--ray-address`` or ``RAY_ADDRESS``).
-    The driver waits for the rung, ranks, and submits the survivors' next segments. Without Ray,
-    or with ``--no-ray``, the segments run one after another in this process. Each segment is a
-    deterministic function of its arguments and of the arm's checkpoint, so the scores, the
-    eliminations, the peaks and the cost do not depend on where or how many at once arms ran (on
-    the CPU fix ``--threads`` so that every arm uses the same number of intra-op threads).
-    Run folders must be on a filesystem every node reads and writes at the same path.
+    `run_segment` (fpo_utils/arms.py) with the trainer's ``main``. With Ray installed (``pip install
+    -e '.[ray]'``) the segments of a rung are submitted together as Ray tasks, each reserving
+    ``--gpus-per-arm`` (default one GPU when the arms train on a GPU) and ``--cpus-per-arm``; Ray
+    places them on free resources of one machine (a local Ray started for the sweep) or of a cluster
+    (``--ray-address`` or ``RAY_ADDRESS``). The driver waits for the rung, ranks, and submits the
+    survivors' next segments. Without Ray, or with ``--no-ray``, the segments run one after another
+    in this process. Each segment is a deterministic function of its arguments and of the arm's
+    checkpoint, so the scores, the eliminations, the peaks and the cost do not depend on where or how
+    many at once arms ran (on the CPU fix ``--threads`` so that every arm uses the same number of
+    intra-op threads). Run folders must be on a filesystem every node reads and writes at the same path.
 
 Faults
     A segment whose worker process dies (killed, out of memory, lost node) is re-run by Ray up to
@@ -79,22 +79,11 @@ Faults
     rest, and ``failures`` lists it. A non-finite arm (status ``nonfinite``) is ranked last and
     listed in the same way, as the paper reports divergent runs.
 
-Replay (``replay``, function `replay`)
-    ``curves`` maps each candidate to an array (seeds, evaluations) of validation rewards or
-    returns at the evaluation points ``steps`` (the last point is the full budget H; missing
-    evaluations may be NaN). For ``n`` in the requested draw sizes every one of the ``S^n``
-    ordered seed draws with replacement is enumerated, the same draw for every candidate
-    (app:search-settings). At the cuts ``X, 2X, 4X, ... < 100%`` of H the replay uses the last
-    evaluation at or before the cut, ranks the candidates still in by the mean over the drawn
-    seeds of each seed's peak observed so far, and keeps ``ceil(K/2)``; the survivors are
-    ranked by the same statistic at the full budget. Exact ties are averaged over candidate
-    orderings: the outcome is the average, over all K! orderings of the candidate list, of the
-    procedure that breaks every tie (in every round) by position in that ordering. The selection
-    probability pi(alpha) averages over draws and orderings; the selected score is
-    ``sum_alpha pi(alpha) Pbar(alpha)`` with ``Pbar(alpha)`` the mean over all S seeds of each
-    seed's full-budget peak (app:halving-robotics), and the oracle is ``max_alpha Pbar(alpha)``.
-    Repeated runs of one candidate and seed are averaged pointwise before peaks are taken
-    (``curves`` does this when converting run folders).
+Replay (``replay``, ``curves``)
+    The same rule over learning curves already recorded: ``curves`` turns run folders of one task
+    into a curves file, ``replay`` enumerates every seed draw and tie order and prints the selection
+    probabilities, scores and costs (tab:halving-choice, tab:halving-budgets). The rules and the
+    replay's cost are in fpo_utils/replay.py, importable with numpy alone.
 
 Cost accounting
     Live tournaments: the cost is the sum, over every arm and seed replicate, of the number of
@@ -103,150 +92,69 @@ Cost accounting
     ``C_SH4 = (4*200 + 2*(400-200) + (800-400))/800 = 2`` full-run equivalents against
     ``K * seeds = 4`` for exhaustive search (app:halving); ``cost_per_replicate`` divides by the
     number of seeds (the figure's per-replication cost).
-    Replay: ``C = sum_{alpha,i} T_alpha,i / H`` exactly as in app:halving-robotics, where
-    ``i`` runs over the ``n`` seeds of a draw, ``T`` is the step of the evaluation used at the
-    cut that eliminated the candidate (the last evaluation at or before the cut, not the cut
-    itself) and ``H`` for the final survivors. Exhaustive search costs ``K n``; ``fraction`` is
-    ``C / (K n)`` (the table's search/exhaustive column) and ``cost_per_replicate = C / n``
-    (the figure's ``C_fig``). The number of candidates alive at each cut does not depend on the
-    draw, so neither does C. The paper's cost column needs its recorded evaluation grid: with an
-    evaluation every three 244-block units, this definition gives 4.1803, 5.3607, 7.7582 and 12
-    (K=4) and 5.3607, 7.7582, 10.7582 and 15 (K=5) for first cuts 10, 20, 40% and full search,
-    the paper's Acrobot and Walker entries of tab:halving-budgets; Spot's entries need its own
-    checkpoint grid, which the paper does not give.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import os
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 import tyro
 
 import cifar_fpo
-import robot_fpo
 import cifar_fpo_pack as cifar_pack
-from fpo_utils.runfolder import (
-    CHECKPOINT,
-    EXIT_BAD_INPUT,
-    EXIT_INTERRUPTED,
-    EXIT_IO,
-    RunError,
-    atomic_write_text,
-    flag_values,
-    read_jsonl,
+import robot_fpo_fast as robot_trainer  # the trainer of every robot arm: robot_fpo.py's algorithm, fast phases
+from fpo_utils.arms import Sweep, arm_resources, arm_state, connect_ray, run_info, run_segments
+from fpo_utils.grids import (
+    CIFAR_ALPHAS,
+    FINAL,
+    PROFILE_AXES,
+    TIE_TOLERANCE,  # noqa: F401 (part of this tool's interface: the grid tables' tie tolerance)
+    cifar_cells,
+    grid_markdown,
+    paired_estimators,
+    peak_table,
+    print_grid,
+    run_peak,
 )
+from fpo_utils.replay import (
+    FIRST_CUTS,
+    HIGHLIGHT_CUT,
+    REPLAY_DRAWS,
+    SCORE_KEY,
+    budget_table,
+    choice_table,
+    fmt_label,
+    halving_rungs,
+    keep_count,
+    load_curves,
+    rank_candidates,
+    replay_sweep,
+    runs_to_curves,
+)
+from fpo_utils.robot_bookkeeping import validate_args as validate_robot_args
+from fpo_utils.runfolder import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, RunError, atomic_write_text, flag_values
 
-ROOT = Path(__file__).resolve().parent
-CIFAR_ALPHAS = (-2.0, -1.0, 0.0, 1.0)  # app:search-settings
 CIFAR_RUNGS = (200, 400, 800)  # app:search-settings: keep 2 at 200, keep 1 at 400, winner to 800
 CIFAR_SEED = 20260727  # app:search-settings (the second tournament of each reward uses 20260728)
-FIRST_CUTS = (2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0)  # app:search-settings, percent
-HIGHLIGHT_CUT = 20.0  # tab:halving-choice reports the 20% first cut
-REPLAY_DRAWS = (3,)  # tab:halving-choice and tab:halving-budgets use n = 3
+TRAIN = {"cifar": cifar_fpo.main, "robot": robot_trainer.main}  # each trainer's entry point main(args)
 
 
 # ---------------------------------------------------------------------------------------------
-# The halving rule
-# ---------------------------------------------------------------------------------------------
-def keep_count(k: int) -> int:
-    """Number of candidates kept at a rung when ``k`` are in: ``ceil(k/2)``."""
-    if k < 1:
-        raise ValueError(f"candidate count {k} must be >= 1")
-    return (k + 1) // 2
-
-
-def rank_candidates(scores: Mapping[float, float]) -> List[float]:
-    """Exponents ordered best first by score; exact ties favour the smaller exponent
-    (app:search-settings) and non-finite scores (failed arms) come last."""
-
-    def key(a):
-        s = scores[a]
-        return (0, -s, a) if math.isfinite(s) else (1, 0.0, a)
-
-    return sorted(scores, key=key)
-
-
-def halving_rungs(first: int, budget: int) -> List[int]:
-    """The generic schedule: ``first, 2 first, 4 first, ...`` strictly below ``budget``, then ``budget``."""
-    if first < 1 or budget < 1:
-        raise ValueError(f"first rung {first} and budget {budget} must be >= 1")
-    rungs, r = [], first
-    while r < budget:
-        rungs.append(r)
-        r *= 2
-    return rungs + [budget]
-
-
-def cut_fractions(first_cut: Optional[float]) -> List[float]:
-    """Cut targets ``X, 2X, 4X, ... < 1`` as fractions of the full budget (none for exhaustive)."""
-    if first_cut is None:
-        return []
-    if not (isinstance(first_cut, (int, float)) and 0 < first_cut <= 1):
-        raise ValueError(f"first_cut={first_cut!r} must be a fraction in (0, 1] (or None for exhaustive search)")
-    out, x = [], float(first_cut)
-    while x < 1.0 - 1e-12:
-        out.append(x)
-        x *= 2
-    return out
-
-
-def fmt_label(a: float) -> str:
-    """Short text form of an exponent: -2, 0, 0.25."""
-    return f"{float(a):g}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Sweeps: where arms run
+# Sweeps: what runs (where arms run: fpo_utils/arms.py's Sweep)
 # ---------------------------------------------------------------------------------------------
 def _cifar_defaults() -> cifar_fpo.Args:
     return cifar_fpo.Args(estimator="q+Z", early_stop=False)  # app:halving
 
 
-def _robot_defaults() -> robot_fpo.Args:
-    return robot_fpo.Args()
-
-
-@dataclass
-class Sweep:
-    """Where a sweep's arms run and where their run folders go (shared by tournaments and grids)."""
-
-    name: Optional[str] = None
-    """Sweep folder name under `out_dir` (default from the task and the first seed)."""
-    out_dir: str = "runs"
-    """Where sweep folders are written. On a cluster: a directory every node can read and write at the
-    same path (a shared filesystem), since any node may continue an arm from its checkpoint there."""
-    ray: bool = True
-    """Run arms as Ray tasks when Ray is installed; `--no-ray` runs them one after another in this
-    process (same results)."""
-    ray_address: Optional[str] = None
-    """Ray cluster to join (`auto`, `<head ip>:6379`, `ray://<head ip>:10001`); default the RAY_ADDRESS
-    environment variable, else a local Ray on this machine. The repository must sit at the same path
-    on every node (it goes on the workers' PYTHONPATH)."""
-    gpus_per_arm: Optional[float] = None
-    """GPUs an arm reserves (Ray's num_gpus; 0.25 puts four arms on a GPU). Default: 1 when the arms
-    train on a GPU and the cluster has GPUs, else 0."""
-    cpus_per_arm: Optional[float] = None
-    """CPUs an arm reserves (Ray's num_cpus), so that arms do not oversubscribe a node. Default: the
-    arm's torch threads (at least 1); for robots the larger of those and --train.env-threads (set the
-    latter: its default 0 gives every arm one envpool thread per core of the node)."""
-    threads: int = 0
-    """torch intra-op threads per arm (0: leave the trainer's default; fix it for results that do not
-    depend on where an arm ran)."""
-    max_retries: int = 3
-    """Times Ray re-runs a segment whose worker process died (each retry resumes from the arm's last
-    checkpoint). A segment that raises, or dies more often, marks its arm failed."""
+def _robot_defaults() -> robot_trainer.Args:
+    return robot_trainer.Args()
 
 
 @dataclass
@@ -270,7 +178,7 @@ class CifarTournament(Sweep):
 
 @dataclass
 class RobotTournament(Sweep):
-    """Live successive-halving tournament of robot_fpo.py arms (FPO: alpha_eps, FPO++: alpha)."""
+    """Live successive-halving tournament of robot_fpo_fast.py arms (FPO: alpha_eps, FPO++: alpha)."""
 
     alphas: Tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
     """Candidate exponents: alpha_eps for `--train.objective fpo`, alpha for `fpopp`
@@ -285,7 +193,7 @@ class RobotTournament(Sweep):
     """Unit of `rungs` and of the cost: updates, or environment steps (multiples of num_envs * num_steps)."""
     first_rung: Optional[int] = None
     """If set, rungs become N, 2N, 4N, ... below the full budget (last entry of --rungs), then the budget."""
-    train: robot_fpo.Args = field(default_factory=_robot_defaults)
+    train: robot_trainer.Args = field(default_factory=_robot_defaults)
     """Settings shared by every arm (environment, objective, rollout sizes, ...). The tournament sets
     the candidate exponent, seed, num_updates, total_timesteps (the full budget), resume, run_name and runs_dir."""
 
@@ -332,7 +240,7 @@ class CifarGrid(Sweep):
 
 @dataclass
 class RobotGrid(Sweep):
-    """Every (environment, exponent, seed) robot_fpo.py run to its full budget, and the per-run peak table."""
+    """Every (environment, exponent, seed) robot_fpo_fast.py run to its full budget, and the per-run peak table."""
 
     alphas: Tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
     """Exponents: alpha_eps for `--train.objective fpo`, alpha for `fpopp`."""
@@ -340,15 +248,9 @@ class RobotGrid(Sweep):
     """Training seeds (app:search-settings)."""
     env_ids: Tuple[str, ...] = ()
     """Environments (tasks) of the grid; default --train.env-id."""
-    train: robot_fpo.Args = field(default_factory=_robot_defaults)
+    train: robot_trainer.Args = field(default_factory=_robot_defaults)
     """Settings shared by every run (budget --train.total-timesteps, objective, rollout sizes, ...); the
     grid sets the exponent, env_id, seed, resume, run_name and runs_dir."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Sweeps: one arm segment (a Ray task, or a call in this process)
-# ---------------------------------------------------------------------------------------------
-SCORE_KEY = {"cifar": "val_reward", "robot": "eval_return"}  # the metrics field an arm is ranked by
 
 
 def _trainer(spec) -> str:
@@ -363,204 +265,6 @@ def _trainer(spec) -> str:
 
 def _write_json(obj: Any, path: Path) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2))
-
-
-def arm_state(folder: Path, score_key: str) -> Dict[str, Any]:
-    """What an arm's run folder says: updates done, status and stop reason (summary.json), whether it
-    holds a checkpoint, and its evaluation curve {update: value of `score_key`} (metrics.jsonl)."""
-    folder = Path(folder)
-    summary = folder / "summary.json"
-    s = json.loads(summary.read_text()) if summary.exists() else {}
-    curve = {
-        int(r["update"]): float(r[score_key])
-        for r in read_jsonl(folder / "metrics.jsonl")
-        if r.get(score_key) is not None
-    }
-    return {
-        "run": str(folder),
-        "updates_done": int(s.get("updates_done") or 0),
-        "status": s.get("status"),
-        "stop_reason": s.get("stop_reason"),
-        "has_checkpoint": (folder / CHECKPOINT).exists(),
-        "curve": curve,
-    }
-
-
-class ArmInterrupted(Exception):
-    """A segment stopped early by SIGINT/SIGTERM (its arm checkpointed): Ray re-runs it from there."""
-
-
-def run_segment(trainer: str, args, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
-    """Train one arm segment and return the arm's state (`arm_state`).
-
-    `args` are the trainer's Args for the segment's end (CIFAR: `until`; robots: `num_updates`). The
-    segment continues from the run folder's checkpoint when there is one, so a segment re-run after
-    its worker died resumes where the arm's last checkpoint left it. `pid_file` gets one line
-    "host pid node" per attempt (Ray retries show up as extra lines)."""
-    folder = Path(args.runs_dir) / args.run_name
-    _note_worker(pid_file)
-    args = replace(args, resume=(folder / CHECKPOINT).exists())
-    old = torch.get_num_threads()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
-        if trainer == "cifar":
-            cifar_fpo.main(args)
-        else:
-            robot_fpo.main(replace(args, torch_threads=threads) if threads > 0 else args)
-    finally:
-        torch.set_num_threads(old)
-    state = arm_state(folder, SCORE_KEY[trainer])
-    if state["status"] == "interrupted":
-        raise ArmInterrupted(f"{args.run_name} interrupted at update {state['updates_done']}")
-    return state
-
-
-def run_pack_segment(trainer: str, args_list, threads: int = 0, pid_file: Optional[str] = None) -> Dict[str, Any]:
-    """Train the CIFAR arms of one pack together in this process (cifar_fpo_pack.py), each continued
-    from its run folder's checkpoint as `run_segment` continues one arm; arms that already ended are left
-    out. Returns {"states": {arm: state}, "failed": {arm: reason}}: an arm that cannot start (a corrupt
-    checkpoint, say) is failed and the others train."""
-    _note_worker(pid_file)
-    todo = []
-    for args in args_list:
-        folder = Path(args.runs_dir) / args.run_name
-        if arm_state(folder, SCORE_KEY[trainer])["status"] not in FINAL:
-            todo.append(replace(args, resume=(folder / CHECKPOINT).exists()))
-    failed: Dict[str, str] = {}
-    old = torch.get_num_threads()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
-        if todo:
-            cifar_pack.main(todo, failures=failed)
-    finally:
-        torch.set_num_threads(old)
-    states = {
-        a.run_name: arm_state(Path(a.runs_dir) / a.run_name, SCORE_KEY[trainer])
-        for a in args_list
-        if a.run_name not in failed
-    }
-    stopped = [f"{name} at update {s['updates_done']}" for name, s in states.items() if s["status"] == "interrupted"]
-    if stopped:
-        raise ArmInterrupted(f"pack interrupted: {', '.join(stopped)}")
-    return {"states": states, "failed": failed}
-
-
-def _note_worker(pid_file: Optional[str]) -> None:
-    """Append "host pid node" to `pid_file` (one line per attempt: Ray retries show up as extra lines)."""
-    if pid_file:
-        node = "-"
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            node = sys.modules["ray"].get_runtime_context().get_node_id()
-        Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
-        with open(pid_file, "a") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()} {node}\n")
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".strip()
-
-
-def _connect(spec):
-    """The `ray` module connected to a cluster (joined, or started here on this machine), or None to
-    run arms in this process. Returns (ray or None, whether this call started it)."""
-    if not spec.ray:
-        return None, False
-    try:
-        import ray
-    except ImportError:
-        if spec.ray_address:
-            raise ValueError(f"--ray-address {spec.ray_address} needs Ray: pip install -e '.[ray]'") from None
-        return None, False
-    if ray.is_initialized():
-        return ray, False
-    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    kw: Dict[str, Any] = {"runtime_env": {"env_vars": {"PYTHONPATH": path}}}
-    if not (spec.ray_address or os.environ.get("RAY_ADDRESS")):
-        kw["include_dashboard"] = False  # a local Ray for this sweep only
-    ray.init(address=spec.ray_address, **kw)
-    return ray, True
-
-
-def _resources(spec, trainer: str, base, ray) -> Dict[str, float]:
-    """Ray resources of one arm (see `Sweep.gpus_per_arm`, `Sweep.cpus_per_arm`)."""
-    gpus = spec.gpus_per_arm
-    if gpus is None:
-        wants = (base.device == "auto" or base.device.startswith("cuda")) if trainer == "cifar" else base.cuda
-        gpus = 1.0 if wants and ray is not None and ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    cpus = spec.cpus_per_arm
-    if cpus is None:
-        cpus = float(max(1, spec.threads or (base.torch_threads if trainer == "robot" else 1)))
-        if trainer == "robot":  # envpool steps on its own threads while the arm's torch threads wait
-            cpus = max(cpus, float(base.env_threads))
-    if ray is not None:
-        have = ray.cluster_resources()
-        if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0):
-            print(
-                f"warning: an arm needs {cpus:g} CPUs and {gpus:g} GPUs, the Ray cluster has {have.get('CPU', 0):g} "
-                f"and {have.get('GPU', 0):g}: arms wait until nodes that large join",
-                file=sys.stderr,
-                flush=True,
-            )
-    return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
-
-
-def _run_segments(jobs: List[Dict[str, Any]], spec, ray, resources: Dict[str, float]):
-    """Run segments {"key", "trainer", "args", "pid_file"} as Ray tasks (all submitted at once, Ray
-    places them as resources free up) or one after another here. A pack job also names its "arms" and
-    holds their args as a list (`run_pack_segment`). Returns ({arm: arm state}, {arm: failure reason})."""
-    results: Dict[str, Dict[str, Any]] = {}
-    failures: Dict[str, str] = {}
-
-    def done(job, result):
-        packed = result if "arms" in job else {"states": {job["key"]: result}, "failed": {}}
-        for key, state in packed["states"].items():
-            results[key] = state
-            print(f"  {key}: {state['status']} at update {state['updates_done']}", flush=True)
-        for key, reason in packed["failed"].items():
-            failed(job, reason, [key])
-
-    def failed(job, reason, keys=None):
-        for key in keys or job.get("arms", [job["key"]]):
-            failures[key] = reason
-            print(f"  {key}: FAILED ({reason})", flush=True)
-
-    if ray is None:
-        for job in jobs:
-            segment = run_pack_segment if "arms" in job else run_segment
-            try:
-                done(job, segment(job["trainer"], job["args"], spec.threads, job["pid_file"]))
-            except ArmInterrupted:
-                raise KeyboardInterrupt from None  # Ctrl-C here: stop the sweep (re-run to continue)
-            except Exception as err:  # a failing arm does not stop the sweep
-                failed(job, _reason(err))
-        return results, failures
-    import halving as module  # so that workers import run_segment by name, also when this file is __main__
-
-    options = dict(max_retries=spec.max_retries, retry_exceptions=[module.ArmInterrupted], **resources)
-    tasks = {False: ray.remote(module.run_segment).options(**options)}
-    tasks[True] = ray.remote(module.run_pack_segment).options(**options)
-    refs = {
-        tasks["arms" in job].remote(job["trainer"], job["args"], spec.threads, job["pid_file"]): job for job in jobs
-    }
-    pending = list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            job = refs[ready[0]]
-            try:
-                done(job, ray.get(ready[0]))
-            except ray.exceptions.RayTaskError as err:  # the trainer raised
-                failed(job, _reason(getattr(err, "cause", None) or err))
-            except ray.exceptions.RayError as err:  # the worker died more than max_retries times, ...
-                failed(job, f"{_reason(err)} (after {spec.max_retries} retries)")
-    except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref)
-        raise
-    return results, failures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,7 +319,7 @@ def _check_spec(spec) -> Tuple[List[float], List[int], List[int], int, Any]:
             )
         return alphas, seeds, rungs, 1, args
     args = spec.train
-    robot_fpo.validate_args(args)
+    validate_robot_args(args)
     if spec.unit not in ("updates", "steps"):
         raise ValueError(f"--unit {spec.unit!r} is not one of updates, steps")
     per = args.num_envs * args.num_steps if spec.unit == "steps" else 1
@@ -713,15 +417,6 @@ def _open_sweep(spec, kind: str, name: str, config: Dict[str, Any]) -> Tuple[Pat
     return folder, path
 
 
-def _peak(state: Dict[str, Any]) -> Tuple[Optional[float], Optional[int]]:
-    """eq:peak: the best finite evaluation of a run and its update (the earliest on ties)."""
-    curve = {k: v for k, v in state["curve"].items() if math.isfinite(v)}
-    if not curve:
-        return None, None
-    best = max(curve, key=lambda k: (curve[k], -k))
-    return curve[best], best
-
-
 # ---------------------------------------------------------------------------------------------
 # Live tournaments: the procedure
 # ---------------------------------------------------------------------------------------------
@@ -749,9 +444,9 @@ def run_tournament(spec) -> Dict[str, Any]:
     )
     folder, path = _open_sweep(spec, "tournament", name, config)
     arms_dir = folder / "arms"
-    ray, started = _connect(spec)
+    ray, started = connect_ray(spec)
     try:
-        resources = _resources(spec, trainer, base, ray)
+        resources = arm_resources(spec, trainer, base, ray)
         score_key = SCORE_KEY[trainer]
         budget = rungs[-1]
         t_start = time.time()
@@ -773,13 +468,14 @@ def run_tournament(spec) -> Dict[str, Any]:
                     jobs.append(
                         {
                             "key": arm,
-                            "trainer": trainer,
+                            "train": TRAIN[trainer],
+                            "score_key": score_key,
                             "pid_file": str(folder / "workers" / f"{arm}__to{rung * per}"),
                             "args": _arm_args(trainer, base, a, s, rung, budget, arms_dir),
                         }
                     )
             print(f"rung {rung * per} {unit}: {len(jobs)} segment(s) of {len(alive)} candidate(s)", flush=True)
-            done, failed = _run_segments(jobs, spec, ray, resources)
+            done, failed = run_segments(jobs, spec, ray, resources)
             states.update(done)
             for arm, st in states.items():  # a diverged arm is reported with the failures, as the paper does
                 if st["status"] == "nonfinite" and arm not in failed:
@@ -834,7 +530,7 @@ def run_tournament(spec) -> Dict[str, Any]:
             reps = []
             for s in seeds:
                 st = arm_state(arms_dir / _arm_name(a, s), score_key)
-                peak, at = _peak(st)
+                peak, at = run_peak(st)
                 failure = failures.get((a, s))
                 reps.append(
                     {
@@ -867,7 +563,7 @@ def run_tournament(spec) -> Dict[str, Any]:
                     "exhaustive": float(len(alphas) * len(seeds)),
                     "fraction": cost / (len(alphas) * len(seeds)),
                 },
-                "run_info": _run_info(ray, resources, t_start),
+                "run_info": run_info(ray, resources, t_start),
             }
         )
         _write_json(result, path)
@@ -875,13 +571,6 @@ def run_tournament(spec) -> Dict[str, Any]:
     finally:
         if started:
             ray.shutdown()
-
-
-def _run_info(ray, resources: Dict[str, float], t_start: float) -> Dict[str, Any]:
-    info: Dict[str, Any] = {"executor": "in-process" if ray is None else "ray", "wall_s": time.time() - t_start}
-    if ray is not None:
-        info.update(resources, nodes=sum(1 for n in ray.nodes() if n.get("Alive")))
-    return info
 
 
 def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> None:
@@ -906,83 +595,6 @@ def print_tournament(result: Dict[str, Any], path: Optional[Path] = None) -> Non
 # ---------------------------------------------------------------------------------------------
 # Grids: every arm to its full budget, and the per-run peak table
 # ---------------------------------------------------------------------------------------------
-FINAL = ("finished", "stopped", "nonfinite")  # statuses of a run that has ended
-
-
-CIFAR_TARGETS = ("v", "x0", "eps")  # eq:targets
-CIFAR_ESTIMATORS = ("q+a", "q+Z", "explicit")  # tab:sampling
-CIFAR_RULES = ("static-direct", "online-ema", "online-refit")  # tab:online-full, at the --train settings
-TIE_TOLERANCE = 0.003  # tab:sampling's W/T/L tie tolerance on paired peak differences
-PROFILE_AXES = ("alphas", "targets", "schedules", "etas", "rules", "refit_etas")  # each entry is one profile
-
-
-def _distinct(flag: str, values: Sequence[Any], allowed: Optional[Sequence[str]] = None, numbers=False) -> List[Any]:
-    """`values` of the grid axis --`flag`, checked: distinct, each one of `allowed` or a finite number."""
-    if len(set(values)) != len(values):
-        raise ValueError(f"--{flag} {list(values)} must be distinct")
-    for v in values:
-        if allowed is not None and v not in allowed:
-            raise ValueError(f"--{flag} {v!r} is not allowed: choose from {', '.join(allowed)}")
-        if numbers and not math.isfinite(v):
-            raise ValueError(f"--{flag} {v!r} is not allowed: give finite numbers")
-    return list(values)
-
-
-def _schedule(text: str) -> Dict[str, Any]:
-    """`alpha_early:alpha_late:k0:k1` -> the trainer's schedule settings (app:schedules)."""
-    parts = text.split(":")
-    try:
-        early, late, k0, k1 = float(parts[0]), float(parts[1]), int(parts[2]), int(parts[3])
-        ok = len(parts) == 4 and math.isfinite(early) and math.isfinite(late) and 0 <= k0 <= k1
-    except (ValueError, IndexError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"--schedules {text!r} is not allowed: give alpha_early:alpha_late:k0:k1 with 0 <= k0 <= k1, "
-            "e.g. -3:-0.5:160:260"
-        )
-    return {"weighting": "schedule", "alpha_early": early, "alpha_late": late, "k0": k0, "k1": k1}
-
-
-def cifar_cells(spec: CifarGrid) -> List[Dict[str, Any]]:
-    """The cells of a CIFAR grid in order: every profile (alphas, targets, schedules, etas, rules,
-    refit_etas, in that order), crossed with every g (--gs) and every estimator (--estimators).
-    Each cell is {"cell": its name in run folders, "alpha": the exponent label of a fixed-alpha profile
-    else None, "settings": the trainer settings it sets}. A grid over alphas alone keeps the names
-    `alpha<+a>`; g and the estimator join a name (`__g0.5`, `__q+Z`) only when they are swept."""
-    given = [ax for ax in PROFILE_AXES if getattr(spec, ax)]
-    alphas = list(spec.alphas) if spec.alphas or given else list(CIFAR_ALPHAS)
-    profiles = []
-    for a in _distinct("alphas", [float(a) for a in alphas], numbers=True):
-        settings = {"weighting": "fixed", "target": None, "alpha": a}
-        profiles.append((f"alpha{a:+g}", fmt_label(a), settings))
-    for t in _distinct("targets", list(spec.targets), CIFAR_TARGETS):
-        profiles.append((t, None, {"weighting": "fixed", "target": t}))
-    for text in _distinct("schedules", list(spec.schedules)):
-        profiles.append((None, None, _schedule(text)))
-    for eta in _distinct("etas", [float(e) for e in spec.etas], numbers=True):
-        profiles.append((None, None, {"weighting": "static-softmax", "eta": eta}))
-    for rule in _distinct("rules", list(spec.rules), CIFAR_RULES):
-        profiles.append((None, None, {"weighting": rule}))
-    for eta in _distinct("refit-etas", [float(e) for e in spec.refit_etas], numbers=True):
-        profiles.append((None, None, {"weighting": "online-refit", "refit_eta": eta}))
-    gs = _distinct("gs", [float(g) for g in spec.gs], numbers=True)
-    bad = [g for g in gs if g <= 0]
-    if bad:
-        raise ValueError(f"--gs {bad[0]:g} is not allowed: scales g must be > 0")
-    estimators = _distinct("estimators", list(spec.estimators), CIFAR_ESTIMATORS)
-    cells = []
-    for name, alpha, settings in profiles:
-        if name is None:  # the trainer's own label: static-softmax-eta1, online-refit-eta0.5, ...
-            name = cifar_fpo.weighting_label(replace(spec.train, **settings, g=1.0, estimator="q+a"))
-        for g in gs or [None]:
-            for est in estimators or [None]:
-                cell = name + ("" if g is None else f"__g{g:g}") + ("" if est is None else f"__{est}")
-                extra = ({} if g is None else {"g": g}) | ({} if est is None else {"estimator": est})
-                cells.append({"cell": cell, "alpha": alpha, "settings": {**settings, **extra}})
-    return cells
-
-
 def run_grid(spec) -> Dict[str, Any]:
     """Run (or continue) a grid: every (task, cell, seed) arm to the trainer's full budget. Writes
     ``grid.json`` (every run and the per-cell table) and ``grid.md`` (the table) and returns the former."""
@@ -997,7 +609,7 @@ def run_grid(spec) -> Dict[str, Any]:
     axes: Dict[str, Any] = {}
     if trainer == "cifar":
         tasks = list(spec.rewards) or [base.reward]
-        cells = cifar_cells(spec)
+        cells = cifar_cells(spec, cifar_fpo.weighting_label)
         alphas = list(dict.fromkeys(c["settings"]["alpha"] for c in cells if c["alpha"] is not None))
         base = cifar_fpo.resolve_args(replace(base, weighting="fixed", target=None, seed=seeds[0], reward=tasks[0]))
         for c in cells:  # every cell's settings checked before anything is written
@@ -1008,7 +620,7 @@ def run_grid(spec) -> Dict[str, Any]:
         axes = {ax: list(getattr(spec, ax)) for ax in PROFILE_AXES[1:] + ("gs", "estimators") if getattr(spec, ax)}
     else:
         tasks = list(spec.env_ids) or [base.env_id]
-        robot_fpo.validate_args(base)
+        validate_robot_args(base)
         if base.alpha_early is not None or base.alpha_late is not None:
             raise ValueError("--train.alpha-early/--train.alpha-late set a schedule; grid exponents are fixed")
         budget = base.num_updates or max(1, base.total_timesteps // (base.num_envs * base.num_steps))
@@ -1027,7 +639,7 @@ def run_grid(spec) -> Dict[str, Any]:
     config = _sweep_config(trainer, base, alphas=alphas, seeds=seeds, tasks=tasks, budget=budget, **axes)
     folder, path = _open_sweep(spec, "grid", name, config)
     arms_dir = folder / "arms"
-    ray, started = _connect(spec)
+    ray, started = connect_ray(spec)
 
     def arm_name(t: str, c: Dict[str, Any], s: int) -> str:
         return f"{t.replace('/', '_')}__{c['cell']}__seed{s}"
@@ -1047,7 +659,7 @@ def run_grid(spec) -> Dict[str, Any]:
         )
 
     try:
-        resources = _resources(spec, trainer, base, ray)
+        resources = arm_resources(spec, trainer, base, ray)
         t_start = time.time()
         grid = [(t, c, s) for t in tasks for c in cells for s in seeds]
         jobs = []
@@ -1057,18 +669,24 @@ def run_grid(spec) -> Dict[str, Any]:
             if st["status"] in FINAL:
                 continue
             jobs.append(
-                {"key": arm, "trainer": trainer, "pid_file": str(folder / "workers" / arm), "args": arm_args(t, c, s)}
+                {
+                    "key": arm,
+                    "train": TRAIN[trainer],
+                    "score_key": SCORE_KEY[trainer],
+                    "pid_file": str(folder / "workers" / arm),
+                    "args": arm_args(t, c, s),
+                }
             )
         print(f"grid {name}: {len(jobs)} of {len(grid)} run(s) to train", flush=True)
         if pack > 1 and jobs:
             jobs = _pack_jobs(jobs, pack, folder)
             print(f"  in {len(jobs)} pack(s) of up to {pack} runs", flush=True)
-        _, failed = _run_segments(jobs, spec, ray, resources)
+        _, failed = run_segments(jobs, spec, ray, resources)
         runs, trained = [], 0
         for t, c, s in grid:
             arm = arm_name(t, c, s)
             st = arm_state(arms_dir / arm, SCORE_KEY[trainer])
-            peak, at = _peak(st)
+            peak, at = run_peak(st)
             final = st["curve"].get(budget)
             trained += st["updates_done"]
             runs.append(
@@ -1098,7 +716,7 @@ def run_grid(spec) -> Dict[str, Any]:
                 {k: r[k] for k in ("task", "cell", "alpha", "seed", "name", "failed")} for r in runs if r["failed"]
             ],
             "cost": {"trained": trained, "full_run": budget, "C": trained / budget, "runs": len(grid)},
-            "run_info": {**_run_info(ray, resources, t_start), "pack": pack},
+            "run_info": {**run_info(ray, resources, t_start), "pack": pack},
         }
         if trainer == "cifar" and len(spec.estimators) > 1:
             result["paired"] = paired_estimators(runs, list(spec.estimators))
@@ -1117,483 +735,14 @@ def _pack_jobs(jobs: List[Dict[str, Any]], size: int, folder: Path) -> List[Dict
         arms = [jobs[i]["key"] for i in ids]
         args = [jobs[i]["args"] for i in ids]
         pid_file = str(folder / "workers" / f"pack__{arms[0]}")
-        packs.append({"key": arms[0], "arms": arms, "trainer": "cifar", "args": args, "pid_file": pid_file})
+        job = {"key": arms[0], "arms": arms, "train": cifar_pack.main, "score_key": SCORE_KEY["cifar"]}
+        packs.append({**job, "args": args, "pid_file": pid_file})
     return packs
 
 
-def _mean_sd(vals: Sequence[float]) -> Tuple[Optional[float], Optional[float]]:
-    """Mean and sample SD (ddof 1) of `vals`; None where undefined."""
-    return (float(np.mean(vals)) if vals else None, float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
-
-
-def peak_table(runs: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
-    """Per (task, cell): each seed's per-run peak (eq:peak) and final reward (the validation reward at the
-    budget's last update; missing for a run that stopped earlier), then the mean and sample SD over seeds.
-    Peaks average the runs that ended (finished, early-stopped or non-finite; a non-finite run keeps the
-    peak it reached), as the paper reports them; runs that failed (raised, or their worker kept dying)
-    are listed by name, not averaged, and non-finite runs are listed by name too. `mean`, `sd` and `n`
-    are the peak's; `final_mean`, `final_sd` and `final_n` the final reward's."""
-    rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    for r in runs:
-        row = rows.setdefault(
-            (r["task"], r["cell"]),
-            {
-                "task": r["task"],
-                "cell": r["cell"],
-                "alpha": r["alpha"],
-                **({"settings": r["settings"]} if "settings" in r else {}),
-                "peaks": {},
-                "finals": {},
-                "nonfinite": [],
-                "failed": [],
-                "nonfinite_runs": [],
-                "failed_runs": [],
-            },
-        )
-        if r["failed"] or r["status"] not in FINAL or r["peak"] is None:
-            row["failed"].append(r["seed"])
-            row["failed_runs"].append(r.get("name", Path(r["run"]).name))
-            continue
-        row["peaks"][str(r["seed"])] = r["peak"]
-        if r.get("final") is not None:
-            row["finals"][str(r["seed"])] = r["final"]
-        if r["status"] == "nonfinite":
-            row["nonfinite"].append(r["seed"])
-            row["nonfinite_runs"].append(r.get("name", Path(r["run"]).name))
-    out = []
-    for row in rows.values():
-        peaks = [row["peaks"][str(s)] for s in seeds if str(s) in row["peaks"]]
-        finals = [row["finals"][str(s)] for s in seeds if str(s) in row["finals"]]
-        mean, sd = _mean_sd(peaks)
-        final_mean, final_sd = _mean_sd(finals)
-        row.update(n=len(peaks), mean=mean, sd=sd, final_n=len(finals), final_mean=final_mean, final_sd=final_sd)
-        out.append(row)
-    return out
-
-
-def paired_estimators(runs: Sequence[Dict[str, Any]], estimators: List[str]) -> List[Dict[str, Any]]:
-    """tab:sampling: per task and estimator after the first, the peak differences (the first estimator
-    minus this one, as the table's q - explicit) over the (profile, g, seed) pairs where both runs have a
-    peak; mean and sample SD, n and wins/ties/losses of the first with tie tolerance TIE_TOLERANCE."""
-    peaks = {
-        (r["task"], r["settings"]["estimator"], r["cell"].rsplit("__", 1)[0], r["seed"]): r["peak"]
-        for r in runs
-        if not r["failed"] and r["peak"] is not None and r["status"] in FINAL
-    }
-    out = []
-    for task in dict.fromkeys(r["task"] for r in runs):
-        for est in estimators[1:]:
-            diffs = [
-                peaks[(task, estimators[0], prof, seed)] - v
-                for (t, e, prof, seed), v in peaks.items()
-                if t == task and e == est and (task, estimators[0], prof, seed) in peaks
-            ]
-            mean, sd = _mean_sd(diffs)
-            out.append(
-                {
-                    "task": task,
-                    "estimator": est,
-                    "versus": estimators[0],
-                    "n": len(diffs),
-                    "mean": mean,
-                    "sd": sd,
-                    "wins": sum(d > TIE_TOLERANCE for d in diffs),
-                    "ties": sum(abs(d) <= TIE_TOLERANCE for d in diffs),
-                    "losses": sum(d < -TIE_TOLERANCE for d in diffs),
-                }
-            )
-    return out
-
-
-def _pm(mean: Optional[float], sd: Optional[float]) -> str:
-    return "-" if mean is None else f"{mean:.6f}" + ("" if sd is None else f" ± {sd:.6f}")
-
-
-def grid_markdown(result: Dict[str, Any]) -> str:
-    """The per-cell table of a grid as Markdown: one row per (task, cell), the peak's and the final
-    reward's mean ± SD over seeds, then one column per seed (its peak)."""
-    seeds, budget = result["config"]["seeds"], result["config"]["budget"]
-    only_alphas = all(row["alpha"] is not None and "__" not in row["cell"] for row in result["table"])
-    head = ["Task", "alpha" if only_alphas else "Cell", "n", "Peak mean ± SD"]
-    head += [f"Final ({budget}) mean ± SD"] + [f"seed {s}" for s in seeds] + ["Notes"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in result["table"]:
-        final = _pm(row["final_mean"], row["final_sd"]) + (
-            f" (n={row['final_n']})" if row["final_n"] != row["n"] else ""
-        )
-        cells = [f"{row['peaks'][str(s)]:.6f}" if str(s) in row["peaks"] else "failed" for s in seeds]
-        notes = "; ".join(
-            ([f"non-finite: {', '.join(row['nonfinite_runs'])}"] if row["nonfinite_runs"] else [])
-            + ([f"failed: {', '.join(row['failed_runs'])}"] if row["failed_runs"] else [])
-        )
-        label = row["alpha"] if only_alphas else row["cell"]
-        lines.append(
-            "| "
-            + " | ".join([row["task"], label, str(row["n"]), _pm(row["mean"], row["sd"]), final] + cells + [notes])
-            + " |"
-        )
-    text = "\n".join(lines) + (
-        f"\n\nPeak: the best evaluation of a run (eq:peak); final: the validation reward at update {budget} "
-        "(the budget); mean and sample SD over seeds.\n"
-    )
-    if result.get("paired"):
-        rows = [
-            [
-                p["task"],
-                f"{p['versus']} - {p['estimator']}",
-                str(p["n"]),
-                _pm(p["mean"], p["sd"]),
-                f"{p['wins']}/{p['ties']}/{p['losses']}",
-            ]
-            for p in result["paired"]
-        ]
-        text += "\nPaired by seed (tab:sampling; W/T/L with tie tolerance " + f"{TIE_TOLERANCE:g}):\n\n"
-        text += "| Task | Peak difference | Pairs | Mean ± SD | W/T/L |\n|---|---|---|---|---|\n"
-        text += "".join("| " + " | ".join(r) + " |\n" for r in rows)
-    for f in result["failures"]:
-        text += f"\nFailed: {f['name']}: {f['failed']}"
-    return text + ("\n" if result["failures"] else "")
-
-
-def print_grid(result: Dict[str, Any]) -> None:
-    print(grid_markdown(result))
-    c = result["cost"]
-    print(f"{c['runs']} runs, {c['trained']} updates = {c['C']:g} full runs")
-
-
 # ---------------------------------------------------------------------------------------------
-# Replay over recorded curves
+# Replay over recorded curves (fpo_utils/replay.py) and the command line
 # ---------------------------------------------------------------------------------------------
-def _running_peaks(curves: Mapping[Any, Any], steps: Sequence[float]) -> Tuple[List[Any], np.ndarray, np.ndarray]:
-    """Validate the replay input; return (labels, running peaks (K, S, E), steps)."""
-    labels = list(curves)
-    if len(labels) < 1:
-        raise ValueError("curves is empty; give at least one candidate")
-    steps = np.asarray(steps, dtype=np.float64)
-    if steps.ndim != 1 or steps.size < 1 or not np.all(np.isfinite(steps)) or np.any(np.diff(steps) <= 0):
-        raise ValueError(f"steps {steps.tolist()} must be a strictly increasing list of finite numbers")
-    arrays = []
-    for a in labels:
-        x = np.asarray(curves[a], dtype=np.float64)
-        if x.ndim == 1:
-            x = x[None, :]
-        if x.ndim != 2 or x.shape[1] != steps.size:
-            raise ValueError(
-                f"curve of candidate {a!r} has shape {np.shape(curves[a])}; expected (seeds, {steps.size})"
-            )
-        arrays.append(x)
-    n_seeds = {x.shape[0] for x in arrays}
-    if len(n_seeds) != 1 or 0 in n_seeds:
-        raise ValueError(f"candidates have {sorted(n_seeds)} seeds; all need the same positive number (paired draws)")
-    x = np.stack(arrays)  # (K, S, E)
-    if np.any(np.isinf(x)):
-        raise ValueError("curves hold infinite values; use NaN for missing evaluations")
-    peaks = np.fmax.accumulate(np.where(np.isnan(x), -np.inf, x), axis=2)
-    if not np.all(np.isfinite(peaks[:, :, -1])):
-        bad = [labels[k] for k in range(len(labels)) if not np.all(np.isfinite(peaks[k, :, -1]))]
-        raise ValueError(f"candidates {bad} have a seed without any finite evaluation")
-    return labels, peaks, steps
-
-
-def _select(scores: np.ndarray, cuts: Sequence[int], priority: Sequence[int]) -> Tuple[int, bool]:
-    """One halving run on drawn-mean peaks ``scores`` (K, E): cut at evaluation indices ``cuts``,
-    then rank at the last index. Ties are broken by ``priority`` (lower first). Returns the
-    winner and whether any tie decided a selection."""
-    alive = list(range(scores.shape[0]))
-    tie = False
-    for j in cuts:
-        if len(alive) == 1:
-            break
-        keep = keep_count(len(alive))
-        order = sorted(alive, key=lambda c: (-scores[c, j], priority[c]))
-        tie |= bool(scores[order[keep - 1], j] == scores[order[keep], j])
-        alive = order[:keep]
-    order = sorted(alive, key=lambda c: (-scores[c, -1], priority[c]))
-    if len(order) > 1:
-        tie |= bool(scores[order[0], -1] == scores[order[1], -1])
-    return order[0], tie
-
-
-def replay(
-    curves: Mapping[Any, Any], steps: Sequence[float], n_draw: int, first_cut: Optional[float]
-) -> Dict[str, Any]:
-    """Successive-halving replay over recorded curves (app:halving-robotics, app:search-settings).
-
-    Args:
-        curves: candidate -> array (seeds, evaluations); row i of every candidate is the same
-            training seed. NaN marks a missing evaluation.
-        steps: the evaluation points (increasing); the last one is the full budget H.
-        n_draw: seeds per draw n; all S^n ordered draws with replacement are enumerated.
-        first_cut: first cut X as a fraction of H (cuts X, 2X, 4X, ... < 1), or None for
-            exhaustive search (every candidate trained to H, ranked there).
-
-    Returns a dict with the selection ``probabilities`` (floats) and ``probabilities_exact``
-    (fractions as text), ``pbar`` (mean full-budget peak per candidate), ``selected_score`` =
-    sum_alpha pi(alpha) Pbar(alpha), ``oracle`` = max_alpha Pbar(alpha) and its ``oracle_candidate``,
-    ``draw_range`` (smallest and largest Pbar of a selected candidate over draws), the ``cuts``
-    used (target fraction and evaluation step), ``cost`` C, ``cost_per_replicate`` C/n,
-    ``exhaustive_cost`` K n and ``fraction`` C/(K n). See the module docstring for the rules.
-    """
-    labels, peaks, steps = _running_peaks(curves, steps)
-    if not (isinstance(n_draw, (int, np.integer)) and n_draw >= 1):
-        raise ValueError(f"n_draw={n_draw!r} must be an integer >= 1")
-    k, s, _ = peaks.shape
-    if s**n_draw > 2_000_000:
-        raise ValueError(f"{s}^{n_draw} draws is too many to enumerate; use a smaller n_draw")
-    horizon = steps[-1]
-    cuts, cut_info = [], []
-    for frac in cut_fractions(first_cut):
-        target = frac * horizon
-        idx = np.nonzero(steps <= target + 1e-9 * max(abs(horizon), 1.0))[0]
-        if idx.size == 0:
-            raise ValueError(f"cut at {100 * frac:g}% = {target:g} lies before the first evaluation at {steps[0]:g}")
-        cuts.append(int(idx[-1]))
-        cut_info.append({"target": frac, "step": float(steps[idx[-1]])})
-
-    # cost: the number alive at each cut is fixed by K, so it does not depend on the draw
-    alive, spent = k, 0.0
-    for j in cuts:
-        if alive == 1:
-            break
-        keep = keep_count(alive)
-        spent += (alive - keep) * steps[j]
-        alive = keep
-    spent += alive * horizon
-    cost = n_draw * spent / horizon
-
-    pbar = peaks[:, :, -1].mean(axis=1)
-    counts = [Fraction(0)] * k
-    lo, hi = math.inf, -math.inf
-    perms = None
-    for draw in itertools.product(range(s), repeat=n_draw):
-        scores = peaks[:, list(draw), :].mean(axis=1)  # (K, E): mean over drawn seeds of the peaks so far
-        winner, tie = _select(scores, cuts, list(range(k)))
-        if not tie:
-            outcome = {winner: Fraction(1)}
-        else:
-            if perms is None:
-                perms = list(itertools.permutations(range(k)))
-            tally: Dict[int, int] = {}
-            for order in perms:
-                priority = [0] * k
-                for pos, c in enumerate(order):
-                    priority[c] = pos
-                w, _ = _select(scores, cuts, priority)
-                tally[w] = tally.get(w, 0) + 1
-            outcome = {w: Fraction(n, len(perms)) for w, n in tally.items()}
-        for w, p in outcome.items():
-            counts[w] += p
-            lo, hi = min(lo, float(pbar[w])), max(hi, float(pbar[w]))
-    total = s**n_draw
-    probs = [c / total for c in counts]
-    selected = float(sum(float(p) * float(pbar[i]) for i, p in enumerate(probs)))
-    best = int(np.argmax(pbar))
-    return {
-        "candidates": labels,
-        "n_draw": int(n_draw),
-        "draws": total,
-        "first_cut": None if first_cut is None else float(first_cut),
-        "cuts": cut_info,
-        "probabilities": {a: float(p) for a, p in zip(labels, probs)},
-        "probabilities_exact": {a: str(p) for a, p in zip(labels, probs)},
-        "pbar": {a: float(v) for a, v in zip(labels, pbar)},
-        "selected_score": selected,
-        "oracle": float(pbar[best]),
-        "oracle_candidate": labels[best],
-        "draw_range": [lo, hi],
-        "cost": float(cost),
-        "cost_per_replicate": float(cost / n_draw),
-        "exhaustive_cost": float(k * n_draw),
-        "fraction": float(cost / (k * n_draw)),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Run folders -> curves
-# ---------------------------------------------------------------------------------------------
-def _run_folders(paths: Sequence[str]) -> List[Path]:
-    out = []
-    for p in paths:
-        p = Path(p)
-        if (p / "metrics.jsonl").is_file() and (p / "args.json").is_file():
-            out.append(p)
-        elif p.is_dir():
-            found = sorted(q.parent for q in p.rglob("metrics.jsonl") if (q.parent / "args.json").is_file())
-            if not found:
-                raise ValueError(f"{str(p)!r} holds no run folder (args.json + metrics.jsonl)")
-            out.extend(found)
-        else:
-            raise ValueError(f"{str(p)!r} is not a run folder or a folder of run folders")
-    return out
-
-
-def read_run(folder: Path, unit: str = "updates") -> Dict[str, Any]:
-    """Task, candidate label, seed and evaluation curve {step: value} of a cifar_fpo.py or
-    robot_fpo.py run folder, from its args.json and metrics.jsonl."""
-    if unit not in ("updates", "steps"):
-        raise ValueError(f"unit {unit!r} is not one of updates, steps")
-    args = json.loads((folder / "args.json").read_text())
-    if "env_id" in args:  # robot_fpo.py
-        trainer = "robot"
-        scheduled = args.get("alpha_early") is not None or args.get("alpha_late") is not None
-        exponent = args["alpha_eps"] if args["objective"] == "fpo" else args["alpha"]
-        label = "schedule" if scheduled else fmt_label(exponent)
-        task = f"{args['env_id']} {args['objective']}"
-    elif "reward" in args:  # cifar_fpo.py
-        trainer = "cifar"
-        if unit != "updates":
-            raise ValueError(f"unit {unit!r}: CIFAR runs count updates only")
-        if args["weighting"] == "fixed":
-            label = args["target"] if args.get("target") else fmt_label(args["alpha"])
-        else:
-            label = args["weighting"]
-        task = args["reward"]
-    else:
-        raise ValueError(f"{folder}/args.json is neither a cifar_fpo.py nor a robot_fpo.py run")
-    key, score = ("global_step" if unit == "steps" else "update"), SCORE_KEY[trainer]
-    curve = {float(r[key]): float(r[score]) for r in read_jsonl(folder / "metrics.jsonl") if r.get(score) is not None}
-    if not curve:
-        raise ValueError(f"{folder} has no evaluation records in metrics.jsonl")
-    return {"task": task, "label": label, "seed": int(args["seed"]), "curve": curve, "folder": str(folder)}
-
-
-def runs_to_curves(
-    paths: Sequence[str], unit: str = "updates", task: Optional[str] = None, until: Optional[float] = None
-) -> Dict[str, Any]:
-    """Collect run folders of one task into the replay's input.
-
-    Runs are grouped by candidate (exponent, target or weighting rule) and seed; repeated runs
-    of one candidate and seed are averaged pointwise over the evaluations they share
-    (app:halving-robotics). The evaluation grid is the union of all runs' points up to `until`
-    (all of them by default); a point a run did not record is NaN. Every candidate needs the same seeds.
-    """
-    runs = [read_run(f, unit) for f in _run_folders(paths)]
-    if until is not None:  # a common budget for runs that were cut at different points
-        for r in runs:
-            r["curve"] = {st: v for st, v in r["curve"].items() if st <= until}
-    tasks = sorted({r["task"] for r in runs})
-    if len(tasks) != 1:
-        raise ValueError(f"runs of several tasks {tasks}; convert one task at a time")
-    groups: Dict[Tuple[str, int], List[Dict[float, float]]] = {}
-    for r in runs:
-        groups.setdefault((r["label"], r["seed"]), []).append(r["curve"])
-    labels = sorted({lab for lab, _ in groups}, key=_label_key)
-    seeds = sorted({s for _, s in groups})
-    missing = [f"{lab}/seed {s}" for lab in labels for s in seeds if (lab, s) not in groups]
-    if missing:
-        raise ValueError(f"candidates need the same seeds; missing runs: {', '.join(missing)}")
-    steps = sorted({st for curves in groups.values() for c in curves for st in c})
-    table = {}
-    for lab in labels:
-        rows = []
-        for s in seeds:
-            row = []
-            for st in steps:
-                vals = [c[st] for c in groups[(lab, s)] if st in c]
-                row.append(float(np.mean(vals)) if vals else None)
-            rows.append(row)
-        table[lab] = rows
-    native = "1" if "1" in labels else None
-    return {
-        "task": task or tasks[0],
-        "unit": unit,
-        "steps": steps,
-        "seeds": seeds,
-        "native": native,
-        "runs": {lab: sum(len(groups[(lab, s)]) for s in seeds) for lab in labels},
-        "curves": table,
-    }
-
-
-def _label_key(label: str):
-    try:
-        return (0, float(label), "")
-    except ValueError:
-        return (1, 0.0, label)
-
-
-def load_curves(path: str) -> Dict[str, Any]:
-    """Read a curves JSON file ({"steps", "curves": {label: [[...], ...]}, ...}); null -> NaN."""
-    data = json.loads(Path(path).read_text())
-    if "steps" not in data or "curves" not in data:
-        raise ValueError(f"{path} lacks 'steps' or 'curves'; write it with `python halving.py curves`")
-    data["curves"] = {
-        str(k): np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
-        for k, rows in data["curves"].items()
-    }
-    data.setdefault("task", Path(path).stem)
-    return data
-
-
-def replay_sweep(data: Dict[str, Any], n_draw: int, first_cuts: Sequence[float]) -> List[Dict[str, Any]]:
-    """`replay` at every first cut (percent) that lies on or after the first evaluation, then exhaustive."""
-    out = []
-    for pct in first_cuts:
-        if not 0 < pct <= 100:
-            raise ValueError(f"first cut {pct}% must be in (0, 100]")
-        frac = pct / 100.0
-        steps = data["steps"]
-        if frac * steps[-1] < steps[0] - 1e-9 * abs(steps[-1]):
-            out.append({"first_cut_pct": pct, "skipped": f"before the first evaluation at {steps[0]:g}"})
-            continue
-        out.append({"first_cut_pct": pct, **replay(data["curves"], steps, n_draw, frac)})
-    out.append({"first_cut_pct": None, **replay(data["curves"], data["steps"], n_draw, None)})
-    return out
-
-
-def _prob_text(res: Dict[str, Any]) -> str:
-    parts = [(a, p) for a, p in res["probabilities_exact"].items() if p != "0"]
-    return "; ".join(f"{a}: {p}" for a, p in sorted(parts, key=lambda t: _label_key(t[0])))
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-
-    def line(r):
-        return "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
-
-    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
-
-
-def choice_table(entries: Sequence[Tuple[str, Optional[str], Dict[str, Any]]]) -> str:
-    """tab:halving-choice: per task (name, native label, replay result) the native, selected and
-    oracle scores, selected minus native and the gap, then the selection probabilities."""
-    top, bottom = [], []
-    for task, native, res in entries:
-        nat = res["pbar"].get(native) if native is not None else None
-        delta = f"{res['selected_score'] - nat:+.6f}" if nat is not None else "-"
-        top.append(
-            [
-                task,
-                f"{nat:.6f}" if nat is not None else "-",
-                f"{res['selected_score']:.6f}",
-                f"{res['oracle']:.6f}",
-                delta,
-                f"{res['oracle'] - res['selected_score']:.6f}",
-            ]
-        )
-        bottom.append([task, _prob_text(res), str(res["oracle_candidate"]), f"{100 * res['fraction']:.4f}%"])
-    return (
-        _table(["Task", "Native", "Selected", "Oracle", "Delta", "Gap"], top)
-        + "\n\n"
-        + _table(["Task", "Exponent: probability", "Oracle exponent", "Search / exhaustive"], bottom)
-    )
-
-
-def budget_table(entries: Sequence[Tuple[str, List[Dict[str, Any]]]]) -> str:
-    """tab:halving-budgets: per task and first cut the selected score, the exact draw range and C."""
-    rows = []
-    for task, sweep in entries:
-        for res in sweep:
-            cut = "Full search" if res["first_cut_pct"] is None else f"{res['first_cut_pct']:g}%"
-            if "skipped" in res:
-                rows.append([task, cut, "-", res["skipped"], "-"])
-                continue
-            lo, hi = res["draw_range"]
-            rows.append([task, cut, f"{res['selected_score']:.2f}", f"[{lo:.2f}, {hi:.2f}]", f"{res['cost']:.4f}"])
-    return _table(["Task", "First cut", "Selected score", "Exact draw range", "C"], rows)
-
-
 @dataclass
 class ReplayArgs:
     """Replay successive halving over recorded curves (app:halving-robotics, tab:halving-choice,
@@ -1660,7 +809,7 @@ def _parse_with_preset(cls, argv: List[str]):
     """`--train.preset NAME` picks the trainer's named defaults for every arm (flags given after it
     override), as `--preset` does for the trainer itself."""
     names = flag_values(argv, "train.preset")
-    trainer = cifar_fpo if cls in (CifarTournament, CifarGrid) else robot_fpo
+    trainer = cifar_fpo if cls in (CifarTournament, CifarGrid) else robot_trainer
     if names[-1] not in trainer.PRESETS:
         raise RunError(f"--train.preset {names[-1]!r} is not one of {', '.join(trainer.PRESETS)}")
     train = trainer.PRESETS[names[-1]]

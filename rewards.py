@@ -15,6 +15,11 @@ The module has three layers:
    self-supervised encoder behind the SimCLR reward). ``scripts/`` trains them.
 3. Backends and the factory ``make_reward(name, ...)``.
 
+The module imports nothing from its project, so it can be copied out alone. The weights folder
+(classifier, SimCLR encoder, Edge calibration) is, first found first: the ``weights_dir`` argument
+of ``make_reward`` and the loaders, the ``FPO_WEIGHTS_DIR`` environment variable, else ``weights/``
+beside this file; ``classifier_path``, ``simclr_path`` and ``edge_calibration`` name single files.
+
 Choices the paper leaves open (documented where they are made):
 
 * Gaussian blur ``B``: sigma = 1, kernel radius ``ceil(3 sigma)`` (7 taps for sigma = 1),
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -39,10 +45,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parent
-WEIGHTS_DIR = ROOT / "weights"
-DEFAULT_CLASSIFIER = WEIGHTS_DIR / "cifar10-classifier.safetensors"
-DEFAULT_SIMCLR = WEIGHTS_DIR / "simclr-cifar10.safetensors"
-DEFAULT_EDGE_CALIBRATION = WEIGHTS_DIR / "edge-calibration.json"
+WEIGHTS_DIR = ROOT / "weights"  # the shipped weights, used when neither weights_dir nor FPO_WEIGHTS_DIR is set
+WEIGHTS_ENV = "FPO_WEIGHTS_DIR"  # environment variable naming the weights folder
+CLASSIFIER_FILE = "cifar10-classifier.safetensors"
+SIMCLR_FILE = "simclr-cifar10.safetensors"
+EDGE_CALIBRATION_FILE = "edge-calibration.json"
+BESIDE = "it sits beside the weights file, with the same stem"  # where a network's JSON config is
 
 REWARDS = ("auto-a35", "mixed", "edge", "clip", "simclr", "digit7")
 # Model-free parts of the rewards above, accepted by make_reward too (cheap, used in tests and smoke runs).
@@ -443,9 +451,29 @@ class ProjectionHead(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def _require_file(path: pathlib.Path, what: str) -> pathlib.Path:
+def find_weights_dir(weights_dir=None) -> tuple[pathlib.Path, str]:
+    """The weights folder and how it was chosen: the ``weights_dir`` argument, else the
+    ``FPO_WEIGHTS_DIR`` environment variable, else ``weights/`` beside this file."""
+    if weights_dir is not None:
+        return pathlib.Path(weights_dir), "the weights_dir argument"
+    if os.environ.get(WEIGHTS_ENV):
+        return pathlib.Path(os.environ[WEIGHTS_ENV]), WEIGHTS_ENV
+    return WEIGHTS_DIR, "the default beside rewards.py"
+
+
+def _weights_file(path, file_name: str, arg: str, what: str, weights_dir=None) -> pathlib.Path:
+    """`path` when given, else `file_name` in the weights folder; a missing file raises one line naming
+    the path looked at and how to point at another."""
+    if path is not None:
+        return _require_file(pathlib.Path(path), what, f"check {arg}")
+    folder, source = find_weights_dir(weights_dir)
+    how = f"pass {arg}=<file> or weights_dir=<folder>, or set {WEIGHTS_ENV}=<folder holding {file_name}>"
+    return _require_file(folder / file_name, what, f"weights folder from {source}; {how}")
+
+
+def _require_file(path: pathlib.Path, what: str, how: str) -> pathlib.Path:
     if not path.is_file():
-        raise FileNotFoundError(f"{what} not found at {path}; pass its path or restore the shipped file")
+        raise FileNotFoundError(f"{what} not found at {path} ({how})")
     return path
 
 
@@ -455,28 +483,28 @@ def _load_safetensors(path: pathlib.Path, device) -> dict[str, torch.Tensor]:
     return {k: (v.float() if v.is_floating_point() else v).to(device) for k, v in load_file(str(path)).items()}
 
 
-def load_classifier(path=None, device="cpu") -> CifarClassifier:
+def load_classifier(path=None, device="cpu", weights_dir=None) -> CifarClassifier:
     """Load the frozen CIFAR-10 classifier (eval mode, fp32).
 
-    ``path`` defaults to the shipped ``weights/cifar10-classifier.safetensors``; its architecture
-    is read from the JSON file with the same stem (``"model": {"widths": [...]}``).
+    ``path`` defaults to ``cifar10-classifier.safetensors`` in the weights folder (`find_weights_dir`);
+    its architecture is read from the JSON file with the same stem (``"model": {"widths": [...]}``).
     """
-    path = _require_file(pathlib.Path(path) if path is not None else DEFAULT_CLASSIFIER, "classifier weights")
-    config = json.loads(_require_file(path.with_suffix(".json"), "classifier config").read_text())
+    path = _weights_file(path, CLASSIFIER_FILE, "classifier_path", "classifier weights", weights_dir)
+    config = json.loads(_require_file(path.with_suffix(".json"), "classifier config", BESIDE).read_text())
     model = CifarClassifier(**config["model"])
     model.load_state_dict(_load_safetensors(path, device))
     return model.to(device).eval().requires_grad_(False)
 
 
-def load_simclr(path=None, device="cpu") -> tuple[SimCLREncoder, torch.Tensor]:
+def load_simclr(path=None, device="cpu", weights_dir=None) -> tuple[SimCLREncoder, torch.Tensor]:
     """Load the frozen SimCLR encoder and its ten unit-norm class prototypes (10, D).
 
-    ``path`` defaults to the shipped ``weights/simclr-cifar10.safetensors``, which stores the
-    encoder under ``encoder.*`` and the prototypes under ``prototypes``; the architecture is read
-    from the JSON file with the same stem.
+    ``path`` defaults to ``simclr-cifar10.safetensors`` in the weights folder (`find_weights_dir`),
+    which stores the encoder under ``encoder.*`` and the prototypes under ``prototypes``; the
+    architecture is read from the JSON file with the same stem.
     """
-    path = _require_file(pathlib.Path(path) if path is not None else DEFAULT_SIMCLR, "SimCLR weights")
-    config = json.loads(_require_file(path.with_suffix(".json"), "SimCLR config").read_text())
+    path = _weights_file(path, SIMCLR_FILE, "simclr_path", "SimCLR weights", weights_dir)
+    config = json.loads(_require_file(path.with_suffix(".json"), "SimCLR config", BESIDE).read_text())
     tensors = _load_safetensors(path, device)
     encoder = SimCLREncoder(**config["model"])
     encoder.load_state_dict({k[len("encoder.") :]: v for k, v in tensors.items() if k.startswith("encoder.")})
@@ -484,9 +512,10 @@ def load_simclr(path=None, device="cpu") -> tuple[SimCLREncoder, torch.Tensor]:
     return encoder.to(device).eval().requires_grad_(False), prototypes
 
 
-def load_edge_calibration(path=None) -> dict:
-    """Load the Edge calibration JSON (``"mean"`` and ``"width"``, 8 numbers each, plus provenance)."""
-    path = _require_file(pathlib.Path(path) if path is not None else DEFAULT_EDGE_CALIBRATION, "edge calibration")
+def load_edge_calibration(path=None, weights_dir=None) -> dict:
+    """Load the Edge calibration JSON (``"mean"`` and ``"width"``, 8 numbers each, plus provenance);
+    ``path`` defaults to ``edge-calibration.json`` in the weights folder (`find_weights_dir`)."""
+    path = _weights_file(path, EDGE_CALIBRATION_FILE, "edge_calibration", "edge calibration", weights_dir)
     calib = json.loads(path.read_text())
     for key in ("mean", "width"):
         if len(calib.get(key, ())) != len(EDGE_FEATURE_NAMES):
@@ -585,6 +614,7 @@ def make_reward(
     clip_model: str = "ViT-B-32",
     clip_pretrained=None,
     clip_backend=None,
+    weights_dir=None,
 ):
     """Build a reward ``images (N, 3, 32, 32) in [-1, 1] -> rewards (N,) float32`` on ``device``.
 
@@ -592,6 +622,8 @@ def make_reward(
     Models load once, frozen in eval mode, and the reward runs under ``torch.no_grad``.
     ``edge_calibration`` is a path or an already loaded dict. ``clip_backend`` is an optional
     ``(model, tokenizer)`` pair that replaces ``load_openclip(clip_model, clip_pretrained)``.
+    ``weights_dir`` is the folder of the classifier, SimCLR and Edge files not given by path
+    (default: ``FPO_WEIGHTS_DIR``, else ``weights/`` beside this file).
     """
     if name not in REWARDS + PIXEL_REWARDS:
         raise ValueError(f"unknown reward {name!r}; choose one of {REWARDS + PIXEL_REWARDS}")
@@ -600,7 +632,7 @@ def make_reward(
     if name in PIXEL_REWARDS:
         score = pixel_proxy_reward(name)
     elif name in ("auto-a35", "mixed"):
-        classifier = load_classifier(classifier_path, device)
+        classifier = load_classifier(classifier_path, device, weights_dir)
 
         def p_auto(x):
             return torch.softmax(classifier(x).float(), dim=1)[:, AUTOMOBILE]
@@ -614,12 +646,16 @@ def make_reward(
             def score(x):
                 return p_auto(2.0 * gaussian_blur(to01(x)) - 1.0) * mixed_texture_attribute(x)
     elif name == "edge":
-        calib = edge_calibration if isinstance(edge_calibration, dict) else load_edge_calibration(edge_calibration)
+        calib = (
+            edge_calibration
+            if isinstance(edge_calibration, dict)
+            else load_edge_calibration(edge_calibration, weights_dir)
+        )
 
         def score(x):
             return edge_score(x, calib)
     elif name == "simclr":
-        encoder, prototypes = load_simclr(simclr_path, device)
+        encoder, prototypes = load_simclr(simclr_path, device, weights_dir)
 
         def score(x):
             cos = F.normalize(encoder(x).float(), dim=1) @ prototypes.T

@@ -56,7 +56,7 @@ class Args:
     precision: str = "bf16"
     """--precision of every arm."""
     compile: bool = True
-    """--compile of every arm (the fast path)."""
+    """--compile --reuse-old-losses of every arm (the fast path)."""
     model: Optional[str] = None
     """Generator folder; default: the paper's U-Net layout with random weights."""
     reward: str = "red-patch"
@@ -95,6 +95,7 @@ def main(args: Args):
             reward=args.reward,
             precision=args.precision,
             compile=args.compile,
+            reuse_old_losses=args.compile,
             estimator="q+a",
             early_stop=False,
             num_updates=args.updates,

@@ -62,7 +62,7 @@ class Args:
     precision: str = "fp32"
     """--precision of every run: fp32 (the paper's), tf32 or bf16."""
     compile: bool = False
-    """--compile of every run (the run alone: its fast mode; a pack: cuDNN autotuning and reused old losses)."""
+    """--compile --reuse-old-losses of every run (alone: its fast mode; a pack: cuDNN autotuning, reused losses)."""
     batch_size: int = 64
     """Samples per update (app:cifar)."""
     sample_steps: int = 20
@@ -81,6 +81,7 @@ def run_args(args: Args, model: str, device, seed: int, alpha: float) -> cifar_f
         device=str(device),
         precision=args.precision,
         compile=args.compile,
+        reuse_old_losses=args.compile,
         batch_size=args.batch_size,
         sample_steps=args.sample_steps,
         calib_bank_size=64,

@@ -6,7 +6,7 @@ app:cifar) is timed separately and amortised over 20 updates. Every mode runs th
 the loop of `cifar_fpo.train` (with a run folder that writes nothing) and `cifar_fpo.validate`.
 
 Modes: `fp32`, `tf32`, `bf16` (eager, `--precision`), and `tf32+compile`, `bf16+compile` (the fast
-path: `--compile`, which also reuses the current forward for the old losses). `peer-<precision>` is
+path: `--compile --reuse-old-losses`, the old losses taken from the current forward). `peer-<precision>` is
 the naive baseline: diffusers' own `UNet2DModel` run eagerly through Algorithm 1 as written (frozen
 copy, separate old-loss forward, 128-image validation chunks); it needs diffusers installed. Each
 mode's "vs peer" column is the peer's ms/update at the same precision (bf16 for the compiled modes
@@ -26,6 +26,7 @@ the card's dense bf16 peak, and the device. `--json PATH` also writes the rows.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import tempfile
@@ -39,7 +40,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cifar_fpo  # noqa: E402
-from fpo_utils import cifar_fast  # noqa: E402
+from fpo_utils import cifar_graphs  # noqa: E402
 from fpo_utils.devices import pick_device  # noqa: E402
 
 PAPER_UNET = {
@@ -175,6 +176,7 @@ def make_run(mode: str, folder: str, args: Args, device):
             device=str(device),
             precision=precision,
             compile=compiled,
+            reuse_old_losses=compiled,
             batch_size=args.batch_size,
             sample_steps=args.sample_steps,
             calib_bank_size=64,
@@ -189,12 +191,10 @@ def make_run(mode: str, folder: str, args: Args, device):
         from diffusers import UNet2DModel
 
         net = DiffusersNet(UNet2DModel.from_pretrained(folder).to(device)).train()
-        run.net = net
-        run.paths = cifar_fast.FastPaths(
-            fwd=net,
-            sampler=cifar_fast.eval_sampler(net, net, args.sample_steps, run.convention, run.autocast),
-            old_losses=cifar_fast.FrozenCopyLosses(net, run.convention, run.autocast),
-            fused_adam=False,
+        run.net = run.fwd = net
+        run.old_net = copy.deepcopy(net).eval().requires_grad_(False)
+        run.sampler = cifar_graphs.eval_sampler(
+            cifar_fpo.sample_images, net, net, args.sample_steps, run.convention, run.autocast
         )
         run.optimizer = torch.optim.Adam(net.parameters(), lr=run.args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     return run
@@ -210,7 +210,7 @@ def time_breakdown(run, args: Args, device, reps: int = 5):
     """ms of: one rollout sampling call, one loss forward+backward, one Adam step."""
     n, m = args.batch_size, run.args.mc_draws
     lat = torch.randn(n, 3, 32, 32, device=device)
-    x = run.paths.sampler(lat)
+    x = run.sampler(lat)
     t = torch.rand(n, m, device=device)
     eps = torch.randn(n, m, 3, 32, 32, device=device)
 
@@ -225,9 +225,9 @@ def time_breakdown(run, args: Args, device, reps: int = 5):
 
     def loss_step():
         run.optimizer.zero_grad(set_to_none=True)
-        cifar_fpo.velocity_losses(run.paths.fwd, x, t, eps, run.convention, run.autocast).mean().backward()
+        cifar_fpo.velocity_losses(run.fwd, x, t, eps, run.convention, run.autocast).mean().backward()
 
-    sample_ms = timed(lambda: run.paths.sampler(lat))
+    sample_ms = timed(lambda: run.sampler(lat))
     loss_ms = timed(loss_step)
     adam_ms = timed(run.optimizer.step)
     return sample_ms, loss_ms, adam_ms

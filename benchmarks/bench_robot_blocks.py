@@ -1,10 +1,10 @@
-"""Seconds per training block at the FPO preset: robot_fpo.py on the Playground backend beside the
+"""Seconds per training block at the FPO preset: robot_fpo_fast.py on the Playground backend beside the
 official FPO code, on the same GPU, one after the other in one run of this script.
 
 A block is 983,040 environment steps plus one update (16 epochs x 32 minibatches), as in the
 official FpoConfig. For each task, each side runs `--blocks` blocks from scratch (seed 0):
 
-- ours:     python robot_fpo.py --preset fpo --backend playground --env-id TASK --num-updates B
+- ours:     python robot_fpo_fast.py --preset fpo --backend playground --env-id TASK --num-updates B
             (evaluations only at the start and the end); block time = rollout_s + update_s of
             metrics.jsonl;
 - official: python run_official_fpo.py TASK B 0 (its runner in ../shared/peers); block time = its
@@ -50,7 +50,7 @@ def ours(task: str, blocks: int, args) -> dict:
     name = f"blocks_{task}"
     cmd = [
         sys.executable,
-        "robot_fpo.py",
+        "robot_fpo_fast.py",
         "--preset",
         "fpo",
         "--backend",
@@ -114,7 +114,7 @@ def main() -> None:
     p.add_argument(
         "--runs", nargs="*", default=[], help="only these side:task pairs (e.g. ours:WalkerRun); default all"
     )
-    p.add_argument("--ours-flags", default="", help="extra robot_fpo.py flags (e.g. a CPU smoke test)")
+    p.add_argument("--ours-flags", default="", help="extra robot_fpo_fast.py flags (e.g. a CPU smoke test)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped")
     p.add_argument("--out", type=Path, default=Path("bench_blocks"))
     args = p.parse_args()

@@ -35,7 +35,7 @@ import tyro
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
 from fpo_utils.envs import make_envs  # noqa: E402
-from fpo_utils.fast import NumpySampler  # noqa: E402
+from fpo_utils.samplers import NumpySampler  # noqa: E402
 
 
 @dataclass

@@ -36,7 +36,9 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import robot_fpo  # noqa: E402
+import robot_fpo_fast  # noqa: E402
 from fpo_utils.envs import EnvpoolVecEnv, env_out_size  # noqa: E402
+from fpo_utils.robot_bookkeeping import validate_args  # noqa: E402
 
 
 @dataclass
@@ -110,7 +112,7 @@ def env_only_sps(envs, step, steps: int, gen: torch.Generator) -> tuple[float, f
 def main(b: BenchArgs) -> dict:
     if b.torch_threads > 0:
         torch.set_num_threads(b.torch_threads)
-    base = robot_fpo.PRESETS[b.preset]
+    base = robot_fpo_fast.PRESETS[b.preset]
     over = {k: v for k, v in dict(num_envs=b.num_envs, num_steps=b.num_steps, objective=b.objective).items() if v}
     args = replace(
         base,
@@ -122,11 +124,11 @@ def main(b: BenchArgs) -> dict:
         cuda_graph=b.cuda_graph,
         **over,
     )
-    robot_fpo.validate_args(args)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32  # as robot_fpo.main
+    validate_args(args)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32  # as robot_fpo.main does
     device = torch.device("cuda" if b.cuda and torch.cuda.is_available() else "cpu")
     torch.manual_seed(b.seed)
-    state = robot_fpo.build_state(args, device)
+    state = robot_fpo_fast.build_state(args, device)
     robot_fpo.reset_envs(state, args.seed)
     env_step = Timed(state.envs.step_into)
     state.envs.step_into = env_step
@@ -134,9 +136,9 @@ def main(b: BenchArgs) -> dict:
 
     def iterate() -> tuple[float, float]:
         ta = time.perf_counter()
-        batch = robot_fpo.collect_rollout(state, args)
+        batch = robot_fpo_fast.collect_rollout(state, args)
         tb = time.perf_counter()
-        robot_fpo.update(state, batch, args, robot_fpo.current_alpha(args, state.global_step))
+        robot_fpo_fast.update(state, batch, args, robot_fpo.current_alpha(args, state.global_step))
         if device.type == "cuda":
             torch.cuda.synchronize()
         return tb - ta, time.perf_counter() - tb

@@ -19,21 +19,24 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import robot_fpo as R  # noqa: E402
-from fpo_utils.fast import GraphedSampler, fused_forward  # noqa: E402
+import robot_fpo_fast as F  # noqa: E402
 from fpo_utils.flow_triton import FusedSampler  # noqa: E402
+from fpo_utils.samplers import GraphedSampler, fused_forward  # noqa: E402
 
 
-def make_state(args: R.Args, o: int, d: int, dev) -> R.State:
+def make_state(args: F.Args, o: int, d: int, dev) -> F.State:
     actor = R.FlowActor(
         o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base
     ).to(dev)
-    actor.fast_forward = fused_forward(actor, args.fused)
+    if fused_forward(actor, args.fused):  # the Triton forward, as robot_fpo_fast.build_state installs it
+        actor.forward = partial(fused_forward(actor, True), actor)
     critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
     opt = torch.optim.AdamW(
         [*actor.parameters(), *critic.parameters()],
@@ -42,7 +45,8 @@ def make_state(args: R.Args, o: int, d: int, dev) -> R.State:
         weight_decay=0.0,
         fused=True,
     )
-    return R.State(None, actor, critic, opt, None, None, dev, None, None, {}, None, None)
+    zeros = torch.zeros(1, o, device=dev), torch.zeros(1, dtype=torch.float64, device=dev)
+    return F.State(None, actor, critic, opt, None, None, dev, *zeros)
 
 
 def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
@@ -86,12 +90,12 @@ def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
     state = make_state(args, o, d, dev)
     batch = make_batch(state, args, o, d, dev)
     t0 = time.perf_counter()
-    R.update(state, batch, args, 1.0)  # capture (and compilation) happen here
+    F.update(state, batch, args, 1.0)  # capture (and compilation) happen here
     first = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        stats = R.update(state, batch, args, 1.0)  # ends with the update's one host read
+        stats = F.update(state, batch, args, 1.0)  # ends with the update's one host read
         times.append(time.perf_counter() - t0)
     steps = args.update_epochs * args.num_minibatches
     return {
@@ -136,7 +140,6 @@ def time_samplers(args: R.Args, o: int, d: int, n: int, calls: int = 200) -> dic
     ref = actor.double().sample(obs.double(), x0.double(), args.flow_steps)
     actor.float()
     fused = FusedSampler(actor)
-    actor.fast_forward = None
 
     def captured(fn):
         side = torch.cuda.Stream()
@@ -182,14 +185,15 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
     """One block's rollout (480 steps of 2,048 Playground environments) in the trainer, with its parts
     timed apart: the environment alone, the two captured halves alone, and the whole, for the fused and
     the eager sampler inside the captured policy half; then again after one compiled update."""
-    from fpo_utils.fast import GraphedCall, pick_sampler
+    from fpo_utils.graphs import GraphedCall
+    from fpo_utils.samplers import pick_sampler
 
     args = replace(
-        R.PRESETS["fpo"], env_id=task, backend="playground", compile=compile, scan_rollout=False
+        F.PRESETS["fpo"], env_id=task, backend="playground", compile=compile, scan_rollout=False
     )  # the per-step path
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    state = R.build_state(args, dev)
+    state = F.build_state(args, dev)
     R.reset_envs(state, 0)
     r, T, out = state.roll, args.num_steps, {}
 
@@ -216,29 +220,29 @@ def time_rollout(task: str, repeats: int, compile: bool = True, quick: bool = Fa
     for name in ("fused", "eager")[: 1 if quick else 2]:
         if name == "eager":
             state.sampler = pick_sampler(state.actor, dev, False, in_graph=True, fused=False)  # actor.sample
-            state.act = GraphedCall(lambda: R.policy_half(state, args), state.act.touched)
+            state.act = GraphedCall(lambda: F.policy_half(state, args), state.act.touched)
         out[f"env_only_s_{name}"] = clock(env_only)
         out[f"halves_only_s_{name}"] = clock(halves_only)
-        out[f"rollout_s_{name}"] = clock(lambda: R.collect_rollout(state, args))
+        out[f"rollout_s_{name}"] = clock(lambda: F.collect_rollout(state, args))
     if quick:
         out.update(rollout_timeline(state, args))
         return out
-    batch = R.collect_rollout(state, args)
-    R.update(state, batch, args, 1.0)
-    out["update_s_first"] = clock(lambda: R.update(state, batch, args, 1.0), 1)
-    out["update_s"] = clock(lambda: R.update(state, batch, args, 1.0))
-    out["rollout_s_eager_after_update"] = clock(lambda: R.collect_rollout(state, args))
+    batch = F.collect_rollout(state, args)
+    F.update(state, batch, args, 1.0)
+    out["update_s_first"] = clock(lambda: F.update(state, batch, args, 1.0), 1)
+    out["update_s"] = clock(lambda: F.update(state, batch, args, 1.0))
+    out["rollout_s_eager_after_update"] = clock(lambda: F.collect_rollout(state, args))
     out["env_only_s_after_update"] = clock(env_only)
     return out
 
 
-def rollout_timeline(state: R.State, args: R.Args) -> dict:
+def rollout_timeline(state: F.State, args: F.Args) -> dict:
     """One rollout under the profiler: wall time, the time the GPU runs any kernel (union of kernel
     intervals, XLA's and torch's), torch's own kernel time, and the ten longest idle gaps."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        R.collect_rollout(state, args)
+        F.collect_rollout(state, args)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     ev = sorted(
@@ -310,9 +314,9 @@ def main() -> None:
     if a.compile_mode:
         import functools
 
-        R.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
+        F.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    base = R.PRESETS["fpo"]
+    base = F.PRESETS["fpo"]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
     for task in a.rollout:
         result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a GPU machine with 16 cores: the CUDA tests of tests/test_robot_fpo.py, then
+# One call on a GPU machine with 16 cores: the CUDA tests of tests/test_robot_fpo_fast.py, then
 # bench_robot_sps.py (environment-only vs end-to-end steps/s, networks on the GPU) for one envpool
 # MuJoCo task and one DM Control task, then the time to build WalkerRun-v1 pools (what the envpool
 # backend pays at each environment restart). Results go to $OUT (default /tmp/robot_sps).
@@ -18,7 +18,7 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
 { nproc; lscpu | grep -i 'model name'; nvidia-smi -L; python3 -c 'import torch, envpool; print("torch", torch.__version__, "envpool", envpool.__version__)'; } 2>&1 | tee "$OUT/machine.txt"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_robot_fpo.py -k "cuda_graph or graphed" 2>&1 | tail -n 3 | tee "$OUT/gpu_tests.txt"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_robot_fpo_fast.py tests/test_samplers.py 2>&1 | tail -n 3 | tee "$OUT/gpu_tests.txt"
 bench() {  # bench <task> <repeats>
   taskset -c 0-15 timeout 150 python3 benchmarks/bench_robot_sps.py --env-id "$1" --num-envs "${NUM_ENVS:-1024}" --cuda \
     --repeats "$2" --num-updates "${UPDATES:-3}" --json-out "$OUT/sps_$1.json" 2>&1 | tail -n 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -37,4 +39,8 @@ def set_precision(precision: str):
     return torch.bfloat16 if precision == "bf16" else None
 
 
-@contextlib.contextmanager
+def autocast_ctx(dtype, device):
+    """bf16 autocast on the network when `dtype` is set (see `set_precision`), otherwise a no-op context."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)

@@ -15,8 +15,8 @@ Three backends give the same object (attributes ``num_envs``, ``obs_dim``, ``act
 
 ``auto`` picks envpool for the ids envpool has (when it is installed), else gymnasium.
 
-Dict observations are routed (:class:`ObsRoute`): the actor reads some keys and the critic others,
-by default ``state`` and ``privileged_state`` where a task has both (MuJoCo Playground's asymmetric
+Dict observations are routed (:class:`ObsRoute`, ``fpo_utils.env_layout``): the actor reads some keys and the
+critic others, by default ``state`` and ``privileged_state`` where a task has both (MuJoCo Playground's asymmetric
 actor-critic: the critic also sees simulator quantities a robot cannot measure), else every key to
 both (DM Control), in sorted order on envpool and playground and in the space's order on
 gymnasium (as its FlattenObservation). An environment's observation is one flat vector, the actor's
@@ -44,13 +44,35 @@ import difflib
 import gc
 import importlib.util
 import os
-from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import torch
 
+from fpo_utils.env_layout import ASYMMETRIC, ObsRoute, env_out_size, env_out_views, route_obs, unpack_step
 from fpo_utils.runfolder import RunError
+
+# Re-exported: the trainers and tests import these from here.
+__all__ = [
+    "ASYMMETRIC",
+    "Backend",
+    "EnvpoolVecEnv",
+    "GymnasiumVecEnv",
+    "ObsRoute",
+    "RunningMeanStd",
+    "env_out_size",
+    "env_out_views",
+    "env_settings",
+    "make_envs",
+    "normalize_obs",
+    "observation_keys",
+    "observation_space",
+    "resolve_backend",
+    "resolve_physics",
+    "route_obs",
+    "segment_seed",
+    "unpack_step",
+]
 
 Backend = Literal["auto", "envpool", "gymnasium", "playground"]
 ENVPOOL_MODULES = ("envpool.mujoco.gym", "envpool.mujoco.dmc", "envpool.mujoco.playground")  # + Playground ports
@@ -98,86 +120,6 @@ def resolve_backend(env_id: str, backend: Backend) -> str:
 def segment_seed(seed: int, update: int) -> int:
     """Environment seed of the segment starting at ``update`` (environment i gets this + i)."""
     return int(np.random.SeedSequence([seed, update]).generate_state(1)[0]) % (2**31 - 2**20)
-
-
-# ---------------------------------------------------------------- Observation routing
-ASYMMETRIC = ("state", "privileged_state")  # MuJoCo Playground's actor and critic keys (its PPO's defaults)
-
-
-@dataclass(frozen=True)
-class ObsRoute:
-    """Which keys of a dict observation the actor and the critic read, and where they sit in the flat
-    observation the environments return: the actor's keys in their order, then the critic's unless they
-    are the actor's (then the critic reads the actor's columns). ``sizes`` maps each key to its flat size;
-    a flat observation has none, ``flat_dim`` columns and no keys."""
-
-    sizes: dict = field(default_factory=dict)
-    actor: tuple[str, ...] = ()
-    critic: tuple[str, ...] = ()
-    flat_dim: int = 0
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return self.actor + (() if self.critic == self.actor else self.critic)
-
-    @property
-    def obs_dim(self) -> int:
-        return sum(self.sizes[k] for k in self.columns) if self.sizes else self.flat_dim
-
-    @property
-    def obs_actor(self) -> slice:
-        """The actor's columns of the flat observation."""
-        return slice(0, sum(self.sizes[k] for k in self.actor) if self.sizes else self.flat_dim)
-
-    @property
-    def obs_critic(self) -> slice:
-        """The critic's columns (the actor's where it reads the same keys)."""
-        return self.obs_actor if self.critic == self.actor else slice(self.obs_actor.stop, self.obs_dim)
-
-    @property
-    def actor_dim(self) -> int:
-        return self.obs_actor.stop - self.obs_actor.start
-
-    @property
-    def critic_dim(self) -> int:
-        return self.obs_critic.stop - self.obs_critic.start
-
-    def flatten(self, obs) -> np.ndarray:
-        """[N, obs_dim] float32 from a batch of observations (an array, or a dict of arrays)."""
-        if not self.sizes:
-            return np.asarray(obs, np.float32).reshape(len(obs), -1)
-        n = len(obs[self.columns[0]])
-        return np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in self.columns], axis=1)
-
-
-def _keys(value: str, sizes: dict, flag: str, env_id: str) -> tuple[str, ...]:
-    keys = tuple(k.strip() for k in value.split(",") if k.strip())
-    for k in keys:
-        if k not in sizes:
-            raise RunError(f"{flag} {k!r} is not an observation key of {env_id}; allowed: {', '.join(sorted(sizes))}")
-    if len(set(keys)) < len(keys):
-        raise RunError(f"{flag} {value!r} names a key twice; allowed: {', '.join(sorted(sizes))}")
-    return keys
-
-
-def route_obs(space, env_id: str, actor: str = "", critic: str = "", sort_keys: bool = True) -> ObsRoute:
-    """The :class:`ObsRoute` of an observation space (a Box, a dict of Boxes, or None: flat, width unknown)
-    for ``--obs-actor`` / ``--obs-critic`` (comma-separated keys; empty: the task's default, see the module
-    docstring; "every key" in sorted order, or in the space's with ``sort_keys=False``, as gymnasium's
-    FlattenObservation). A key the observation lacks is a one-line RunError naming it and the keys allowed."""
-    if space is None or not hasattr(space, "keys"):
-        if actor or critic:
-            raise RunError(
-                f"--obs-actor {actor!r} / --obs-critic {critic!r}: {env_id} has a flat observation, "
-                "without keys; leave both empty"
-            )
-        return ObsRoute(flat_dim=0 if space is None else int(np.prod(space.shape)))
-    sizes = {k: int(np.prod(space[k].shape)) for k in space.keys()}
-    both = all(k in sizes for k in ASYMMETRIC)
-    every = tuple(sorted(sizes) if sort_keys else sizes)
-    actor_keys = _keys(actor, sizes, "--obs-actor", env_id) or (ASYMMETRIC[:1] if both else every)
-    critic_keys = _keys(critic, sizes, "--obs-critic", env_id) or (ASYMMETRIC[1:] if both else actor_keys)
-    return ObsRoute(sizes, actor_keys, critic_keys)
 
 
 def observation_space(env_id: str, backend: Backend = "auto"):
@@ -265,34 +207,6 @@ def make_envs(
     if kind == "envpool":
         return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
     return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)
-
-
-def env_out_size(num_envs: int, obs_dim: int) -> int:
-    """Elements of the flat step output: obs, final_obs, reward, terminated, truncated, episode_return,
-    episode_length."""
-    return num_envs * (2 * obs_dim + 5)
-
-
-def env_out_views(flat, num_envs: int, obs_dim: int) -> tuple:
-    """The seven parts of a flat step output (a tensor or a NumPy array), as views:
-    obs [N, obs_dim], final_obs [N, obs_dim], then reward, terminated, truncated, episode_return,
-    episode_length [N] (terminated / truncated as 0 / 1)."""
-    n, o = num_envs, obs_dim
-    ends = np.cumsum([0, n * o, n * o, n, n, n, n, n])
-    parts = [flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
-    return (parts[0].reshape(n, o), parts[1].reshape(n, o), *parts[2:])
-
-
-def unpack_step(flat: torch.Tensor, num_envs: int, obs_dim: int) -> tuple:
-    """``(obs, reward, terminated, truncated, info)``, the return of ``step``, from a flat step output."""
-    obs, final_obs, reward, term, trunc, ep_ret, ep_len = env_out_views(flat, num_envs, obs_dim)
-    return (
-        obs,
-        reward,
-        term > 0.5,
-        trunc > 0.5,
-        {"final_obs": final_obs, "episode_return": ep_ret, "episode_length": ep_len},
-    )
 
 
 class _Base:

@@ -24,11 +24,35 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
+from fpo_utils.mlp_layers import mlp_layers
+from fpo_utils.runfolder import RunError
+
 BLOCK = 64  # rows per program; a multiple of the draws per observation for the fused observation term
 
 
 def pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+def why_not_kernels(actor: nn.Module) -> str:
+    """Why these kernels cannot compute ``actor`` (one line), or "" where they can: Linear layers with biases
+    alternating with SiLU, at least one hidden-to-hidden layer, every hidden layer of one power-of-two width of
+    at least 16."""
+    try:
+        layers = mlp_layers(actor, "the Triton kernels", ("silu",))
+    except RunError as err:
+        return str(err)
+    if any(isinstance(m, nn.Linear) != (i % 2 == 0) for i, m in enumerate(layers)) or len(layers) % 2 == 0:
+        return "the Triton kernels take an MLP of Linear layers alternating with SiLU, ending in a Linear"
+    lin = layers[::2]
+    if len(lin) < 3:
+        return f"the Triton kernels take at least one hidden-to-hidden layer; actor.net has {len(lin)} Linear layers"
+    if any(m.bias is None for m in lin):
+        return "the Triton kernels take Linear layers with biases"
+    h = lin[0].out_features
+    if h < 16 or h & (h - 1) or any(m.in_features != h or m.out_features != h for m in lin[1:-1]):
+        return f"the Triton kernels take hidden layers of one power-of-two width of at least 16; actor.net has {h}"
+    return ""
 
 
 @triton.jit
@@ -325,8 +349,9 @@ flow_mlp.register_autograd(_backward, setup_context=_setup_context)
 
 
 def actor_forward(actor: nn.Module, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``actor(obs, x_t, t)`` through :func:`flow_mlp`: obs (..., o) broadcasting against x_t (..., d);
-    an observation shared by the draws of dimension -2 (obs ``(..., 1, o)``) has its term computed once."""
+    """``actor(obs, x_t, t)`` through :func:`flow_mlp`, for actors the kernels compute (:func:`why_not_kernels`):
+    obs (..., o) broadcasting against x_t (..., d); an observation shared by the draws of dimension -2 (obs
+    ``(..., 1, o)``) has its term computed once."""
     lin = [m for m in actor.net if isinstance(m, nn.Linear)]
     first, o, d, lead = lin[0], obs.shape[-1], actor.act_dim, x_t.shape[:-1]
     w = first.weight
@@ -411,13 +436,17 @@ class FusedSampler:
     """``actor.sample(obs, x0, steps)`` as one Triton kernel: every Euler step of the whole MLP for a
     block of rows, activations in registers (the eager sampler runs ~10 kernels per Euler step).
 
-    For actors :func:`fpo_utils.fast.fused_supported` accepts. Reads the actor's parameters in place at
-    every call, so optimiser steps and checkpoint loads need nothing; capturable in a CUDA graph.
+    For actors the kernels can compute (:func:`why_not_kernels`; a one-line RunError for any other). Reads the
+    actor's parameters in place at every call, so optimiser steps and checkpoint loads need nothing; capturable
+    in a CUDA graph.
     """
 
     BLOCK, WARPS = 64, 4  # rows per program, warps per program
 
     def __init__(self, actor: nn.Module):
+        reason = why_not_kernels(actor)
+        if reason:
+            raise RunError(reason)
         lin = [m for m in actor.net if isinstance(m, nn.Linear)]
         self.actor, self.first, self.hidden, self.last = actor, lin[0], lin[1:-1], lin[-1]
 

@@ -22,7 +22,7 @@ On a GPU, tasks with contacts are not bitwise reproducible (XLA's scatter-adds) 
 also holds --xla_gpu_deterministic_ops=true.
 
 Locomotion tasks (Go1, Spot, G1, ... joystick tasks) observe a dict: ``state`` for the actor and
-``privileged_state`` for the critic by default (``fpo_utils.envs.route_obs``). Their step returns one
+``privileged_state`` for the critic by default (``fpo_utils.env_layout.route_obs``). Their step returns one
 flat observation, the routed keys concatenated inside the jitted step, and ``route`` says which columns
 each network reads. Their robots come from MuJoCo Menagerie, which Playground would git-clone; here
 they are read from envpool's asset wheels (:func:`menagerie_for`), so no task is ever fetched.
@@ -43,7 +43,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fpo_utils.envs import ObsRoute, route_obs, unpack_step
+from fpo_utils.env_layout import ObsRoute, env_out_views, route_obs, unpack_step
+from fpo_utils.mlp_layers import mlp_layers
 from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
@@ -63,12 +64,17 @@ BLOCK_S = {
 WARP_LEARNS = ("WalkerRun", "BallInCup", "CheetahRun")
 
 
-def _import_jax_playground():
-    """Import jax, Playground and brax's training wrappers, with JAX set up to share the device."""
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when JAX's backend starts
+def _jax_settings() -> None:
+    """JAX set up to share the device (read when JAX's backend starts)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("MUJOCO_GL", "disable")  # no rendering; avoids probing for GL at import
     if "xla_gpu_triton_gemm_any" not in os.environ.get("XLA_FLAGS", ""):  # Playground's advice for MJX on GPUs
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_triton_gemm_any=True").strip()
+
+
+def _import_jax_playground():
+    """Import jax, Playground and brax's training wrappers, with JAX set up to share the device."""
+    _jax_settings()
     try:
         import jax
         from brax.envs.wrappers import training as brax_training
@@ -317,7 +323,7 @@ class PlaygroundVecEnv:
 
     def step_flat(self, actions: torch.Tensor) -> torch.Tensor:
         """One step of every environment -> its outputs as one flat float32 tensor (read-only, JAX's
-        memory) in the layout of ``fpo_utils.envs.env_out_views``."""
+        memory) in the layout of ``fpo_utils.env_layout.env_out_views``."""
         if self._state is None:
             raise RuntimeError("step() before reset()")
         a = actions.detach().to(self.device, torch.float32).contiguous()
@@ -374,18 +380,61 @@ class PlaygroundVecEnv:
         self._state = None
 
 
+JAX_ACTIVATIONS = ("silu", "tanh", "relu", "gelu", "gelu_tanh")  # what jax_sampler mirrors (mlp_layers' names)
+
+
+def jax_sampler(actor: torch.nn.Module, flow_steps: int):
+    """``FlowActor.sample`` with ``flow_steps`` Euler steps as a JAX function ``sample(ws, freqs, obs, x0) -> x``
+    (``ws``: the ``(weight, bias)`` of each Linear layer of ``actor.net``, ``freqs``: ``actor.freqs``, as JAX
+    arrays), for ``actor.net``'s layers as they are now: Linear layers and SiLU, Tanh, ReLU or GELU activations
+    (``fpo_utils.mlp_layers``); a one-line RunError naming any other module."""
+    layers = mlp_layers(actor, "the scanned rollout's JAX sampler", JAX_ACTIVATIONS)
+    _jax_settings()
+    import jax
+    import jax.numpy as jnp
+
+    acts = {
+        "silu": jax.nn.silu,
+        "tanh": jnp.tanh,
+        "relu": jax.nn.relu,
+        "gelu": functools.partial(jax.nn.gelu, approximate=False),
+        "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    }
+    ops, k = [], 0  # after the first Linear: the index of a Linear layer, or an activation
+    for m in layers[1:]:
+        k += isinstance(m, torch.nn.Linear)
+        ops.append(k if isinstance(m, torch.nn.Linear) else acts[m])
+    d, dt = actor.act_dim, actor.output_scale / flow_steps
+
+    def sample(ws, freqs, obs, x0):  # Euler steps of the velocity MLP from t = 0 to 1
+        (w0, b0), o = ws[0], obs.shape[-1]
+        ang = (jnp.arange(flow_steps, dtype=jnp.float32) / flow_steps)[:, None] * freqs
+        time_term = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], -1) @ w0[:, o + d :].T
+        base, x = obs @ w0[:, :o].T + b0, x0
+        for k in range(flow_steps):
+            h = base + time_term[k] + x @ w0[:, o : o + d].T
+            for op in ops:
+                h = h @ ws[op][0].T + ws[op][1] if isinstance(op, int) else op(h)
+            x = x + dt * h
+        return x
+
+    return sample
+
+
 class ScanRollout:
     """robot_fpo.py's rollout steps on this backend as one jitted ``lax.scan``: policy (normalised
     observation, Euler sampler of the flow actor, squash), environment step and bookkeeping for all
     T steps in one XLA program, as the official FPO code runs its rollout, instead of a dispatch and
-    two hand-overs per step. The sampler is a JAX copy of ``FlowActor.sample`` (an MLP of Linear and
-    SiLU layers); at each call it reads the actor's weights, the observation statistics and the
-    rollout's noise from torch, and writes the rollout buffers back, through DLPack.
+    two hand-overs per step. The sampler is a JAX copy of ``FlowActor.sample`` (:func:`jax_sampler`: Linear
+    layers and SiLU, Tanh, ReLU or GELU activations; any other module is refused here, in one line); at each
+    call it reads the actor's weights, the observation statistics and the rollout's noise from torch, and writes
+    the rollout buffers back, through DLPack. :meth:`sample` runs the JAX sampler alone (for
+    ``fpo_utils.samplers.check_sampler``).
 
     It covers rollouts whose statistics do not change during the rollout (no per-step observation
     statistics, no return normalisation); ``(roll, T)`` reads ``roll``'s ``obs_in``, ``noise`` and
     ``act_noise`` and fills ``obs``, ``x``, ``rew``, ``term``, ``trunc``, ``final``, ``ep`` and
-    ``obs_in`` as the per-step path does (robot_fpo.py: policy_half, record_half).
+    ``obs_in`` as the per-step path does.
     """
 
     def __init__(
@@ -399,32 +448,17 @@ class ScanRollout:
         reward_scale: float,
         action_noise: float = 0.0,
     ):
-        from fpo_utils.envs import env_out_views
-
-        jax, jnp = envs._jax, envs._jnp
-        self.envs, self.actor, self.obs_rms = envs, actor, obs_rms
-        self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
-        if 2 * len(self.linear) - 1 != len(actor.net) or not all(isinstance(m, torch.nn.SiLU) for m in actor.net[1::2]):
-            raise RunError("the scanned rollout takes a flow actor whose MLP alternates Linear and SiLU layers")
+        sample = jax_sampler(actor, flow_steps)  # first: refuses an actor it cannot mirror before anything is built
         if obs_rms is not None and not obs_rms.batch_var:
             raise RunError(
                 "the scanned rollout takes observation statistics fixed during the rollout (--obs-stats update)"
             )
-        n, d = envs.num_envs, actor.act_dim
-        o, cols = envs.route.actor_dim, envs.route.obs_actor  # the actor reads its columns of the observation
-        step, dt = _BUILT[envs._key].step, actor.output_scale / flow_steps
-
-        def sample(ws, freqs, obs, x0):  # FlowActor.sample: Euler steps of the velocity MLP from t = 0 to 1
-            (w0, b0), rest = ws[0], ws[1:]
-            ang = (jnp.arange(flow_steps, dtype=jnp.float32) / flow_steps)[:, None] * freqs
-            time_term = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], -1) @ w0[:, o + d :].T
-            base, x = obs @ w0[:, :o].T + b0, x0
-            for k in range(flow_steps):
-                h = base + time_term[k] + x @ w0[:, o : o + d].T
-                for w, b in rest:
-                    h = jax.nn.silu(h) @ w.T + b
-                x = x + dt * h
-            return x
+        jax, jnp = envs._jax, envs._jnp
+        self.envs, self.actor, self.obs_rms, self.flow_steps = envs, actor, obs_rms, flow_steps
+        self.linear = [m for m in actor.net if isinstance(m, torch.nn.Linear)]
+        n = envs.num_envs
+        cols = envs.route.obs_actor  # the actor reads its columns of the observation
+        step = _BUILT[envs._key].step
 
         def rollout(flat_state, obs, ws, freqs, mean, std, noise, act_noise):
             def body(carry, noises):
@@ -447,19 +481,43 @@ class ScanRollout:
             return flat_state, obs, ep, ys
 
         self._rollout = jax.jit(rollout, donate_argnums=0)
+        self._sample = jax.jit(sample)
+
+    def _weights(self) -> list:
+        env = self.envs
+        return [
+            (
+                env.to_jax(m.weight.detach()),
+                env.to_jax(m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)),
+            )
+            for m in self.linear
+        ]
+
+    def sample(self, obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
+        """The JAX sampler alone: ``actor.sample(obs, x0, steps)`` for the actor's columns ``obs`` on the
+        environments' device (``steps`` must be the rollout's ``flow_steps``)."""
+        if steps != self.flow_steps:
+            raise ValueError(f"this scanned rollout samples with {self.flow_steps} Euler steps, not {steps}")
+        env = self.envs
+        x = self._sample(
+            self._weights(),
+            env.to_jax(self.actor.freqs),
+            env.to_jax(obs.detach().float().contiguous()),
+            env.to_jax(x0.detach().float().contiguous()),
+        )
+        return env.to_torch(x).clone()
 
     def __call__(self, roll: dict, T: int) -> None:
         env, rms = self.envs, self.obs_rms
         if roll["noise"].shape[0] != T:
             raise RuntimeError(f"the rollout's noise holds {roll['noise'].shape[0]} steps, not {T}")
-        ws = [(env.to_jax(m.weight.detach()), env.to_jax(m.bias.detach())) for m in self.linear]
         o = env.obs_dim
         mean = rms.mean.float() if rms is not None else torch.zeros(o, device=env.device)
         std = rms.var.sqrt().float() if rms is not None else torch.ones(o, device=env.device)
         env._state, obs, ep, ys = self._rollout(
             env._state,
             env.to_jax(roll["obs_in"]),
-            ws,
+            self._weights(),
             env.to_jax(self.actor.freqs),
             env.to_jax(mean),
             env.to_jax(std),

@@ -1,12 +1,12 @@
 """The generator: a compact U-Net whose parameter names and arithmetic match diffusers'
 ``UNet2DModel`` for the block types of CIFAR-10 checkpoints, so a diffusers folder (``config.json`` +
 ``diffusion_pytorch_model.safetensors``) loads with ``strict=True`` without diffusers installed; its
-velocity convention, Euler sampler and flow-matching loss; loading, saving and locating checkpoints.
+velocity convention (`velocity`); loading, saving and locating checkpoints. The Euler sampler and the
+flow-matching loss that use it are Algorithm 1's own, in cifar_fpo.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -535,42 +535,3 @@ def resolve_model(model: str) -> str:
     files = ["config.json", "diffusion_pytorch_model.safetensors"]
     patterns = files + [f"unet/{f}" for f in files]
     return snapshot_download(repo_id=model, allow_patterns=patterns)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sampling and the flow-matching loss
-# ---------------------------------------------------------------------------------------------
-def autocast_ctx(dtype, device):
-    """bf16 autocast on the network when requested, otherwise a no-op context."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-@torch.no_grad()
-def sample_images(net, latents: torch.Tensor, steps: int, convention: str, autocast=None) -> torch.Tensor:
-    """Euler integration of the generation ODE from noise (t=0) to data (t=1) on a uniform grid."""
-    x = latents
-    dt = 1.0 / steps
-    for j in range(steps):
-        t = torch.full((x.shape[0],), j * dt, device=x.device, dtype=x.dtype)
-        with autocast_ctx(autocast, x.device):
-            v = velocity(net, x, t, convention)
-        x = x + dt * v.float()
-    return x.clamp(-1.0, 1.0)
-
-
-def velocity_losses(
-    net, x: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, convention: str, autocast=None
-) -> torch.Tensor:
-    """Per-dimension velocity losses l_v = |v - u|^2 / d for endpoints x (n,C,H,W), times t (n,M) and
-    noises eps (n,M,C,H,W); returns (n, M) in FP32 (eq:path, eq:targets)."""
-    n, m = t.shape
-    xe = x.unsqueeze(1).expand_as(eps)
-    tt = t.view(n, m, 1, 1, 1)
-    x_t = (1.0 - tt) * eps + tt * xe
-    u = xe - eps
-    with autocast_ctx(autocast, x.device):
-        v = velocity(net, x_t.reshape(n * m, *x.shape[1:]), t.reshape(n * m), convention)
-    v = v.float().view_as(u)
-    return (v - u).pow(2).flatten(2).mean(dim=2)

@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from cifar10 import load_cifar10  # noqa: E402
 
 import rewards  # noqa: E402
+from cifar_fpo import sample_images  # noqa: E402
 from fpo_utils.devices import pick_device  # noqa: E402
-from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model, sample_images  # noqa: E402
+from fpo_utils.unet import DEFAULT_MODEL, UNet2D, load_unet, resolve_model  # noqa: E402
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 

@@ -139,7 +139,7 @@ def augment(batch_u8: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def euler_samples(net, n: int, steps: int, seed: int, device) -> torch.Tensor:
-    """Images from the flow ODE, t = 0 (noise) -> 1 (data), through `cifar_fpo.velocity`."""
+    """Images from the flow ODE, t = 0 (noise) -> 1 (data), through `velocity` (fpo_utils/unet.py)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(n, 3, 32, 32, generator=g).to(device)
     for j in range(steps):

@@ -165,6 +165,36 @@ def test_velocity_losses_by_hand(convention):
             else:
                 v = 0.5 * x_t + tt
             assert math.isclose(float(losses[i, m]), float(((v - u) ** 2).mean()), rel_tol=1e-5)
+    # and its gradient in the network's parameter c: d l_v / dc = mean(2 (v - u) dv/dc), dv/dc = +-x_t
+    net.zero_grad()
+    cifar_fpo.velocity_losses(net, x, t, eps, convention).sum().backward()
+    tt = t.view(3, 2, 1, 1, 1)
+    x_t = (1 - tt) * eps + tt * x.unsqueeze(1)
+    sign = -1.0 if convention == "sigma" else 1.0
+    v = sign * (0.5 * x_t + (1 - tt if convention == "sigma" else tt))
+    grad = (2 * (v - (x.unsqueeze(1) - eps)) * sign * x_t).flatten(2).mean(2).sum()
+    assert math.isclose(float(net.c.grad), float(grad), rel_tol=1e-4)
+
+
+def test_algorithm_pieces_are_defined_in_the_trainer():
+    # Algorithm 1 reads from cifar_fpo.py and weighting.py alone: its sampler and losses live here
+    for fn in (cifar_fpo.sample_images, cifar_fpo.velocity_losses, cifar_fpo.fpo_loss, cifar_fpo.group_advantages):
+        assert fn.__module__ == "cifar_fpo", fn.__name__
+
+
+def test_support_modules_do_not_import_a_trainer():
+    # imports point down only: fpo_utils never imports a trainer, the reference never imports its variant
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "    up = [m for m in ('cifar_fpo', 'cifar_fpo_pack') if m in sys.modules and m != name]\n"
+        "    if up:\n"
+        "        sys.exit(f'{name} imports {up}')\n"
+    )
+    mods = ["fpo_utils.devices", "fpo_utils.unet", "fpo_utils.cifar_graphs", "fpo_utils.cifar_metrics", "cifar_fpo"]
+    proc = subprocess.run([sys.executable, "-c", code, *mods], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_euler_sampler_integrates_a_known_field():
@@ -255,20 +285,16 @@ def test_first_update_has_unit_ratio_and_moves_the_model(tiny_model, tmp_path):
     assert len(cal) == 1 and np.isfinite(cal[0]["c_x0"]) and cal[0]["bank_size"] == 8
 
 
-def test_frozen_copy_keeps_theta_old_until_the_next_sync():
-    from fpo_utils.cifar_fast import FrozenCopyLosses, ReusedLosses
-
-    net = cifar_fpo.UNet2D.from_config(TINY_UNET)
-    old = FrozenCopyLosses(net, "sigma")
-    x, t, eps = torch.rand(2, 3, 32, 32), torch.rand(2, 1), torch.randn(2, 1, 3, 32, 32)
+def test_frozen_copy_is_theta_old(tiny_model, tmp_path):
+    # theta_old is a copy of its own (evaluation mode, no gradients) that a parameter change leaves alone
+    run = cifar_fpo.setup(_tiny_args(tiny_model, tmp_path, run_name="copy"))
+    old, net = run.old_net, run.net
+    assert net.training and not old.training and not any(p.requires_grad for p in old.parameters())
     with torch.no_grad():
         for p in net.parameters():
             p.mul_(0.5)
-    assert not torch.equal(old(None, x, t, eps), cifar_fpo.velocity_losses(net.eval(), x, t, eps, "sigma"))
-    old.sync()
-    assert torch.equal(old(None, x, t, eps), cifar_fpo.velocity_losses(net.eval(), x, t, eps, "sigma"))
-    l_new = torch.ones(2, 1, requires_grad=True)
-    assert torch.equal(ReusedLosses()(l_new, x, t, eps), l_new) and not ReusedLosses()(l_new, x, t, eps).requires_grad
+    assert all(not torch.equal(p, q) for p, q in zip(old.parameters(), net.parameters()) if p.abs().sum() > 0)
+    assert cifar_fpo.setup(_tiny_args(tiny_model, tmp_path, run_name="nocopy", reuse_old_losses=True)).old_net is None
 
 
 @pytest.mark.parametrize(
@@ -567,9 +593,37 @@ def test_reused_old_losses_give_the_same_update(tiny_model, tmp_path):
     ]
     for k in ckpts[0]:
         torch.testing.assert_close(ckpts[1][k], ckpts[0][k], rtol=1e-5, atol=1e-7)
-    # the default follows --compile
-    assert cifar_fpo.resolve_args(cifar_fpo.Args(compile=True)).reuse_old_losses is True
-    assert cifar_fpo.resolve_args(cifar_fpo.Args()).reuse_old_losses is False
+
+
+def test_compile_does_not_imply_reused_old_losses():
+    assert cifar_fpo.Args().reuse_old_losses is False
+    for compiled in (False, True):
+        args = cifar_fpo.resolve_args(cifar_fpo.Args(compile=compiled))
+        assert args.compile is compiled and args.reuse_old_losses is False
+        assert cifar_fpo.resolve_args(replace(args, reuse_old_losses=True)).reuse_old_losses is True
+
+
+@pytest.mark.parametrize(
+    "module, shown",
+    [(torch.nn.Dropout(0.1), "Dropout(p=0.1"), (torch.nn.BatchNorm2d(3), "BatchNorm2d(3")],
+)
+def test_reused_old_losses_refuse_a_network_whose_modes_differ(module, shown):
+    # train-mode l_theta (detached) stands in for the eval-mode frozen copy's l_old only if the two agree
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), module)
+    with pytest.raises(ValueError, match="--reuse-old-losses") as err:
+        cifar_fpo.check_reuse_old_losses(net)
+    assert "\n" not in str(err.value) and shown in str(err.value)
+    cifar_fpo.check_reuse_old_losses(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.Dropout(0.0)))
+
+
+def test_reused_old_losses_refuse_a_model_with_dropout(tmp_path):
+    folder = tmp_path / "dropout_unet"
+    cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config({**TINY_UNET, "dropout": 0.1}), folder, dtype=torch.float32)
+    args = _tiny_args(folder, tmp_path, reuse_old_losses=True)
+    with pytest.raises(ValueError, match=r"--reuse-old-losses .* is Dropout\(p=0\.1") as err:
+        cifar_fpo.setup(args)
+    assert "\n" not in str(err.value)
+    assert cifar_fpo.setup(replace(args, reuse_old_losses=False)).old_net is not None  # the frozen copy is exact
 
 
 # Stated tolerances of the bf16 fast mode against FP32 on the same inputs (benchmarks/README.md).
@@ -619,9 +673,9 @@ def test_cuda_graph_sampler_replays_the_euler_loop():
         pytest.skip("CUDA graphs need a GPU (the fast path's sampler); CPU runs use the plain sampler")
     torch.manual_seed(0)
     net = cifar_fpo.UNet2D.from_config(TINY_UNET).cuda()
-    from fpo_utils.cifar_fast import GraphSampler
+    from fpo_utils.cifar_graphs import GraphSampler
 
-    sampler = GraphSampler(net, net, steps=3, convention="sigma")
+    sampler = GraphSampler(cifar_fpo.sample_images, net, net, steps=3, convention="sigma")
     for _ in range(2):
         lat = torch.randn(4, 3, 32, 32, device="cuda")
         torch.testing.assert_close(sampler(lat), cifar_fpo.sample_images(net, lat, 3, "sigma"))

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from jsonl_records import read_jsonl, strip_times  # noqa: E402
 
 import cifar_fpo  # noqa: E402
-import halving  # noqa: E402
 import cifar_fpo_pack as cifar_pack  # noqa: E402
+import halving  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
 MOMENT_ATOL = 1e-5

@@ -1,6 +1,8 @@
-"""diagnostics.py: Gram statistics on synthetic gradients with known structure, the display, the local
-reward response, phase averaging, and tiny end-to-end runs of the gram and robot-gram commands."""
+"""diagnostics.py and its pieces (the statistics in fpo_utils/gram.py, the display in fpo_utils/heatmaps.py):
+Gram statistics on synthetic gradients with known structure, the display, the local reward response, phase
+averaging, and tiny end-to-end runs of the gram and robot-gram commands."""
 
+import json
 import math
 import os
 import subprocess
@@ -20,12 +22,25 @@ from test_cifar_fpo import TINY_UNET  # noqa: E402
 
 import cifar_fpo  # noqa: E402
 import diagnostics as D  # noqa: E402
+from fpo_utils import gram as GR  # noqa: E402
+from fpo_utils import heatmaps as HM  # noqa: E402
 
 
 def gram_of(vectors: np.ndarray) -> np.ndarray:
     """vectors (B, bins, P) -> Gram in the batch-major layout used by diagnostics."""
     flat = vectors.reshape(-1, vectors.shape[-1]).astype(np.float64)
     return flat @ flat.T
+
+
+@pytest.mark.parametrize("module", ["fpo_utils.gram", "fpo_utils.heatmaps"])
+def test_gram_statistics_and_heatmaps_import_without_the_trainers(module):
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert module in loaded and "numpy" in loaded
+    assert not loaded & {"cifar_fpo", "cifar_fpo_pack", "robot_fpo", "robot_fpo_fast", "diagnostics", "halving"}
+    assert not loaded & {"torch", "matplotlib"}  # torch when a Gram is streamed, matplotlib when a panel is drawn
 
 
 # ------------------------------------------------------------------------------------------------
@@ -37,7 +52,7 @@ def test_cross_cosines_converge_to_normalised_mean_products():
     mu = np.zeros((3, P))
     mu[0, 0], mu[1, 0], mu[1, 1], mu[2, 2] = 1.0, 0.6, 0.8, 1.0  # cos(mu0,mu1)=.6, mu2 orthogonal
     G = mu[None] + sigma * rng.standard_normal((B, 3, P))
-    st = D.gram_statistics(gram_of(G), B, 3)
+    st = GR.gram_statistics(gram_of(G), B, 3)
     energy = (mu**2).sum(1) + P * sigma**2  # E|G_b|^2
     expected = (mu @ mu.T) / np.sqrt(np.outer(energy, energy))  # E[U_b].E[U_c] for concentrated norms
     np.testing.assert_allclose(st["C_cross"], expected, atol=0.02)
@@ -52,7 +67,7 @@ def test_raw_gram_decomposition_matches_hand_formulas():
     rng = np.random.default_rng(1)
     B, nb, P = 5, 4, 30
     G = rng.standard_normal((B, nb, P)) + rng.standard_normal((1, nb, P))
-    st = D.gram_statistics(gram_of(G), B, nb)
+    st = GR.gram_statistics(gram_of(G), B, nb)
     W = np.einsum("ibp,icp->bc", G, G) / B
     K = sum(G[i] @ G[j].T for i in range(B) for j in range(B) if i != j) / (B * (B - 1))
     centred = G - G.mean(axis=0, keepdims=True)
@@ -76,7 +91,7 @@ def test_raw_gram_decomposition_matches_hand_formulas():
 
 def test_S_hand_value():
     # one bin, two batches: G1 = (2, 0), G2 = (1, 1): W = (4 + 2)/2 = 3, K = (2 + 2)/2 = 2, N = 1, S = 2
-    st = D.gram_statistics(gram_of(np.array([[[2.0, 0.0]], [[1.0, 1.0]]])), 2, 1)
+    st = GR.gram_statistics(gram_of(np.array([[[2.0, 0.0]], [[1.0, 1.0]]])), 2, 1)
     assert (st["W"][0, 0], st["K"][0, 0], st["N"][0, 0], st["S"]) == pytest.approx((3.0, 2.0, 1.0, 2.0))
     assert st["C_cross"][0, 0] == pytest.approx(2 / (2 * math.sqrt(2)))
 
@@ -85,7 +100,7 @@ def test_zero_norm_pairs_are_skipped_and_counted():
     rng = np.random.default_rng(2)
     G = rng.standard_normal((3, 2, 5))
     G[1, 0] = 0.0  # batch 1, bin 0 has a zero gradient
-    st = D.gram_statistics(gram_of(G), 3, 2)
+    st = GR.gram_statistics(gram_of(G), 3, 2)
     assert st["zero_norm_vectors"] == 1
     assert st["cross_counts"][0, 0] == 2  # of 6 ordered pairs only (0,2),(2,0) remain
     assert st["cross_counts"][0, 1] == 4 and st["cross_counts"][1, 1] == 6
@@ -99,21 +114,21 @@ def test_paired_control_uses_only_batch_zero_and_the_control():
     rng = np.random.default_rng(3)
     G = rng.standard_normal((4, 3, 20))  # batches 0..2 and the control (index 3)
     full = gram_of(G)
-    c_paired, counts = D.paired_control_cosines(full, 3, 3)
+    c_paired, counts = GR.paired_control_cosines(full, 3, 3)
     U = G / np.linalg.norm(G, axis=2, keepdims=True)
     np.testing.assert_allclose(c_paired, (U[0] @ U[3].T + U[3] @ U[0].T) / 2, rtol=1e-10)
     assert np.all(counts == 2)
     # the independent statistics ignore the control, and a changed batch 1 leaves the control alone
-    st = D.gram_statistics(full[:9, :9], 3, 3)
-    np.testing.assert_allclose(st["C_cross"], D.gram_statistics(gram_of(G[:3]), 3, 3)["C_cross"])
+    st = GR.gram_statistics(full[:9, :9], 3, 3)
+    np.testing.assert_allclose(st["C_cross"], GR.gram_statistics(gram_of(G[:3]), 3, 3)["C_cross"])
     G2 = G.copy()
     G2[1] = rng.standard_normal((3, 20))
-    np.testing.assert_allclose(D.paired_control_cosines(gram_of(G2), 3, 3)[0], c_paired)
+    np.testing.assert_allclose(GR.paired_control_cosines(gram_of(G2), 3, 3)[0], c_paired)
 
 
 def test_block_summary_means():
     m = np.arange(144, dtype=float).reshape(12, 12)
-    s = D.block_summary(m)
+    s = GR.block_summary(m)
     high = m[:4, :4][~np.eye(4, dtype=bool)].mean()
     assert s["high"] == pytest.approx(high)
     assert s["high-low"] == pytest.approx(np.concatenate([m[:4, 8:].ravel(), m[8:, :4].ravel()]).mean())
@@ -123,9 +138,9 @@ def test_block_summary_means():
 
 def test_bad_inputs_raise_value_errors():
     with pytest.raises(ValueError, match="at least 2 batches"):
-        D.gram_statistics(np.eye(3), 1, 3)
+        GR.gram_statistics(np.eye(3), 1, 3)
     with pytest.raises(ValueError, match="expected"):
-        D.gram_statistics(np.eye(5), 2, 3)
+        GR.gram_statistics(np.eye(5), 2, 3)
     with pytest.raises(ValueError, match="multiple of --batch-size"):
         D.run_gram(D.Gram(checkpoint="x", draws_per_bin=10, batch_size=4, group_size=2))
     with pytest.raises(ValueError, match="--windows"):
@@ -143,8 +158,8 @@ def test_streamed_gram_slices_equal_one_pass():
             for u in vecs
         ]
     )
-    one, info1 = D.streamed_gram(lambda k: vecs[k], params, 6, 10**9, torch.device("cpu"))
-    many, info2 = D.streamed_gram(lambda k: vecs[k], params, 6, 4 * 6 * 4, torch.device("cpu"))
+    one, info1 = GR.streamed_gram(lambda k: vecs[k], params, 6, 10**9, torch.device("cpu"))
+    many, info2 = GR.streamed_gram(lambda k: vecs[k], params, 6, 4 * 6 * 4, torch.device("cpu"))
     assert info1["passes"] == 1 and info2["passes"] == math.ceil(26 / 4)
     np.testing.assert_allclose(one, direct, rtol=1e-5, atol=1e-5)  # direct sums are fp32
     np.testing.assert_allclose(many, one, rtol=1e-12)
@@ -154,27 +169,27 @@ def test_streamed_gram_slices_equal_one_pass():
 # Display (app:approved-heatmaps)
 # ------------------------------------------------------------------------------------------------
 def test_display_transform_values():
-    assert D.display_transform(0.0) == 0.0
-    assert D.display_transform(1.0) == pytest.approx(1.0)
-    assert D.display_transform(-1.0) == pytest.approx(-1.0)
-    assert D.display_transform(0.1) == pytest.approx(math.asinh(1.0) / math.asinh(10.0))
-    assert D.display_transform(-0.3) == pytest.approx(-math.asinh(3.0) / math.asinh(10.0))
+    assert HM.display_transform(0.0) == 0.0
+    assert HM.display_transform(1.0) == pytest.approx(1.0)
+    assert HM.display_transform(-1.0) == pytest.approx(-1.0)
+    assert HM.display_transform(0.1) == pytest.approx(math.asinh(1.0) / math.asinh(10.0))
+    assert HM.display_transform(-0.3) == pytest.approx(-math.asinh(3.0) / math.asinh(10.0))
 
 
 def test_colours_at_minus_one_zero_plus_one_and_ticks():
-    assert D.cosine_colour(-1.0) == D.NEG_RGB
-    assert D.cosine_colour(0.0) == (255, 255, 255)
-    assert D.cosine_colour(1.0) == D.POS_RGB
-    assert D.cosine_colour(5.0) == D.POS_RGB  # clipped to the signed range
-    assert D.cosine_colour(float("nan")) == D.NAN_RGB
+    assert HM.cosine_colour(-1.0) == HM.NEG_RGB
+    assert HM.cosine_colour(0.0) == (255, 255, 255)
+    assert HM.cosine_colour(1.0) == HM.POS_RGB
+    assert HM.cosine_colour(5.0) == HM.POS_RGB  # clipped to the signed range
+    assert HM.cosine_colour(float("nan")) == HM.NAN_RGB
     # +.1 sits at z = .294 of the way from white to red
     a = math.asinh(1) / math.asinh(10)
-    assert D.cosine_colour(0.1) == tuple(int(round((1 - a) * 255 + a * p)) for p in D.POS_RGB)
+    assert HM.cosine_colour(0.1) == tuple(int(round((1 - a) * 255 + a * p)) for p in HM.POS_RGB)
     # the colour map is the same colours over the display coordinate z
-    cmap = D.cosine_cmap()
+    cmap = HM.cosine_cmap()
     for c in (-1.0, -0.1, 0.0, 0.1, 0.3, 1.0):
-        got = tuple(int(round(255 * v)) for v in cmap((float(D.display_transform(c)) + 1) / 2)[:3])
-        assert max(abs(g - e) for g, e in zip(got, D.cosine_colour(c))) <= 2, c
+        got = tuple(int(round(255 * v)) for v in cmap((float(HM.display_transform(c)) + 1) / 2)[:3])
+        assert max(abs(g - e) for g, e in zip(got, HM.cosine_colour(c))) <= 2, c
 
 
 def test_panel_places_clean_upper_left_and_noisy_lower_right(tmp_path):
@@ -183,14 +198,14 @@ def test_panel_places_clean_upper_left_and_noisy_lower_right(tmp_path):
     m = np.zeros((4, 4))
     m[3, 3], m[0, 0], m[3, 2] = 1.0, -1.0, float("nan")  # bin 3 is the cleanest, bin 0 the noisiest
     ax = Figure().subplots()
-    im = D.draw_panel(ax, m, D.cifar_labels(4), "t")
+    im = HM.draw_panel(ax, m, HM.cifar_labels(4), "t")
     z = im.get_array()
     assert z[0, 0] == 1.0 and z[3, 3] == -1.0 and z[0, 1] is np.ma.masked and z[1, 0] == 0.0
     assert [t.get_text() for t in ax.get_xticklabels()] == ["b3", "b2", "b1", "b0"]
     assert im.origin == "upper" and (im.norm.vmin, im.norm.vmax) == (-1.0, 1.0)
     # a saved atlas with an empty cell and its colour bar labelled in raw cosines
-    out = D.save_atlas(
-        tmp_path / "a.png", [[(m, "x"), None]], D.cifar_labels(4), ["alpha=1"], ["k=0", "k=1"], title="t"
+    out = HM.save_atlas(
+        tmp_path / "a.png", [[(m, "x"), None]], HM.cifar_labels(4), ["alpha=1"], ["k=0", "k=1"], title="t"
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -242,7 +257,7 @@ def test_phase_average_weights_seeds_equally():
     recs = [{"seed": 1, "position": p, "matrix": np.full((2, 2), v)} for p, v in ((10, 0.0), (20, 0.3), (30, 0.6))]
     recs.append({"seed": 2, "position": 15, "matrix": np.full((2, 2), 1.0)})
     recs.append({"seed": 2, "position": 500, "matrix": np.full((2, 2), 9.0)})
-    out = D.phase_average(recs, [(0, 40), (100, 200), (400, 600)])
+    out = GR.phase_average(recs, [(0, 40), (100, 200), (400, 600)])
     np.testing.assert_allclose(out[0]["matrix"], (0.3 + 1.0) / 2)  # seed means .3 and 1, not the pooled .475
     assert out[0]["seeds"] == 2 and out[0]["checkpoints"] == 4
     assert out[1]["matrix"] is None and out[2]["seeds"] == 1
@@ -327,7 +342,7 @@ def test_gram_command_end_to_end(tiny_run):
     arrays, saved = D.read_result(out / "gram.npz")
     assert saved["alpha"] == -2.0 and saved["k"] == 1 and info["layout"]["passes"] > 1
     assert arrays["gram"].shape == (9, 9) and arrays["C_cross"].shape == (3, 3)
-    st = D.gram_statistics(arrays["gram"][:6, :6], 2, 3)
+    st = GR.gram_statistics(arrays["gram"][:6, :6], 2, 3)
     np.testing.assert_allclose(st["C_cross"], arrays["C_cross"])
     assert saved["S"] == pytest.approx(st["S"])
     assert max(saved["ratio_max_dev"]) == 0.0  # old policy = the checkpoint: r = 1

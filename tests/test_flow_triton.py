@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import robot_fpo as R
-from fpo_utils.fast import NumpySampler, fused_forward, fused_supported, pick_sampler
+from fpo_utils.samplers import NumpySampler, fused_forward, fused_supported, pick_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
 try:

@@ -1,5 +1,6 @@
-"""Successive halving (halving.py): the rule, tiny live tournaments on the CPU, and the replay
-against selection probabilities and costs computed by hand."""
+"""Successive halving (halving.py; the rule and the replay in fpo_utils/replay.py, the grid tables in
+fpo_utils/grids.py, the arms' runner in fpo_utils/arms.py): the rule, tiny live tournaments on the CPU,
+and the replay against selection probabilities and costs computed by hand."""
 
 import json
 import math
@@ -23,7 +24,9 @@ from test_robot_fpo import TINY_ROBOT  # noqa: E402
 
 import cifar_fpo  # noqa: E402
 import halving  # noqa: E402
-import robot_fpo  # noqa: E402
+import robot_fpo_fast  # noqa: E402  (halving trains the robot arms with the fast variant)
+from fpo_utils import arms, grids  # noqa: E402
+from fpo_utils import replay as R  # noqa: E402
 
 RUNGS = (2, 4, 8)
 
@@ -47,21 +50,42 @@ def test_help_lists_the_commands(tmp_path):
         assert cmd in out
 
 
+def imported_by(module: str) -> set:
+    """The modules a fresh interpreter holds after `import module` (run from the repository root)."""
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout))
+
+
+@pytest.mark.parametrize("module", ["fpo_utils.replay", "fpo_utils.grids"])
+def test_replay_and_grid_tables_import_with_numpy_alone(module):
+    loaded = imported_by(module)
+    assert module in loaded and "numpy" in loaded
+    assert not loaded & {"torch", "cifar_fpo", "cifar_fpo_pack", "robot_fpo", "robot_fpo_fast", "halving"}
+
+
+def test_the_arms_runner_imports_no_trainer_and_no_tool():
+    loaded = imported_by("fpo_utils.arms")
+    assert "fpo_utils.arms" in loaded
+    assert not loaded & {"cifar_fpo", "cifar_fpo_pack", "robot_fpo", "robot_fpo_fast", "halving", "diagnostics"}
+
+
 def test_keep_half_rounded_up_and_rung_schedules():
-    assert [halving.keep_count(k) for k in (1, 2, 3, 4, 5, 11)] == [1, 1, 2, 2, 3, 6]
-    assert halving.halving_rungs(200, 800) == [200, 400, 800]  # app:search-settings
-    assert halving.halving_rungs(100, 1000) == [100, 200, 400, 800, 1000]  # 2^i N, then the full budget
-    assert halving.cut_fractions(0.2) == pytest.approx([0.2, 0.4, 0.8])
-    assert halving.cut_fractions(0.25) == [0.25, 0.5]  # 100% is not a cut
-    assert halving.cut_fractions(0.5) == [0.5]
-    assert halving.cut_fractions(None) == []
+    assert [R.keep_count(k) for k in (1, 2, 3, 4, 5, 11)] == [1, 1, 2, 2, 3, 6]
+    assert R.halving_rungs(200, 800) == [200, 400, 800]  # app:search-settings
+    assert R.halving_rungs(100, 1000) == [100, 200, 400, 800, 1000]  # 2^i N, then the full budget
+    assert R.cut_fractions(0.2) == pytest.approx([0.2, 0.4, 0.8])
+    assert R.cut_fractions(0.25) == [0.25, 0.5]  # 100% is not a cut
+    assert R.cut_fractions(0.5) == [0.5]
+    assert R.cut_fractions(None) == []
     with pytest.raises(ValueError, match="first_cut"):
-        halving.cut_fractions(1.5)
+        R.cut_fractions(1.5)
 
 
 def test_ranking_ties_favour_the_smaller_exponent_and_failures_go_last():
     scores = {1.0: 0.5, -1.0: 0.5, 0.0: 0.7, -2.0: float("nan"), 0.5: 0.5}
-    assert halving.rank_candidates(scores) == [0.0, -1.0, 0.5, 1.0, -2.0]
+    assert R.rank_candidates(scores) == [0.0, -1.0, 0.5, 1.0, -2.0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,7 +320,7 @@ def test_cifar_grid_over_targets_and_estimators(tiny_train, tmp_path):
     (paired,) = res["paired"]
     assert (paired["estimator"], paired["versus"], paired["n"]) == ("q+Z", "q+a", 3)
     assert paired["mean"] == pytest.approx(np.mean(pairs)) and paired["sd"] == pytest.approx(np.std(pairs, ddof=1))
-    tol = halving.TIE_TOLERANCE
+    tol = grids.TIE_TOLERANCE
     wtl = (sum(d > tol for d in pairs), sum(abs(d) <= tol for d in pairs), sum(d < -tol for d in pairs))
     assert (paired["wins"], paired["ties"], paired["losses"]) == wtl
     md = (tmp_path / "te/grid.md").read_text()
@@ -382,19 +406,19 @@ def test_a_bad_grid_axis_value_on_the_command_line(tmp_path):
 
 def test_without_ray_arms_run_in_this_process(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: `import ray` fails
-    assert halving._connect(halving.CifarTournament()) == (None, False)
-    assert halving._connect(halving.CifarTournament(ray=False)) == (None, False)
+    assert arms.connect_ray(halving.CifarTournament()) == (None, False)
+    assert arms.connect_ray(halving.CifarTournament(ray=False)) == (None, False)
     with pytest.raises(ValueError, match="needs Ray"):
-        halving._connect(halving.CifarTournament(ray_address="auto"))
+        arms.connect_ray(halving.CifarTournament(ray_address="auto"))
 
 
 def test_an_arm_reserves_its_threads():
-    robot = replace(robot_fpo.Args(), torch_threads=1, env_threads=3, cuda=False)
-    assert halving._resources(halving.RobotGrid(), "robot", robot, None) == {"num_cpus": 3.0, "num_gpus": 0.0}
-    assert halving._resources(halving.RobotGrid(threads=4), "robot", robot, None)["num_cpus"] == 4.0
-    assert halving._resources(halving.CifarGrid(), "cifar", cifar_fpo.Args(device="cpu"), None)["num_cpus"] == 1.0
+    robot = replace(robot_fpo_fast.Args(), torch_threads=1, env_threads=3, cuda=False)
+    assert arms.arm_resources(halving.RobotGrid(), "robot", robot, None) == {"num_cpus": 3.0, "num_gpus": 0.0}
+    assert arms.arm_resources(halving.RobotGrid(threads=4), "robot", robot, None)["num_cpus"] == 4.0
+    assert arms.arm_resources(halving.CifarGrid(), "cifar", cifar_fpo.Args(device="cpu"), None)["num_cpus"] == 1.0
     spec = halving.CifarGrid(threads=2, cpus_per_arm=6, gpus_per_arm=0.25)
-    assert halving._resources(spec, "cifar", cifar_fpo.Args(), None) == {"num_cpus": 6.0, "num_gpus": 0.25}
+    assert arms.arm_resources(spec, "cifar", cifar_fpo.Args(), None) == {"num_cpus": 6.0, "num_gpus": 0.25}
 
 
 def test_bad_tournament_settings_raise(tiny_train, tmp_path):
@@ -414,7 +438,7 @@ def test_bad_tournament_settings_raise(tiny_train, tmp_path):
 
 
 def test_robot_tournament(tmp_path):
-    train = replace(robot_fpo.Args(), **TINY_ROBOT)
+    train = replace(robot_fpo_fast.Args(), **TINY_ROBOT)
     # rungs in environment steps: 2 and 4 updates of 4 x 32 steps
     spec = halving.RobotTournament(
         alphas=(1.0, 0.5),
@@ -453,7 +477,7 @@ B = [[0, 0, 2, 9], [2, 0, 0, 8], [0, 2, 1, 10]]
 
 def test_replay_two_candidates_by_hand():
     # n = 1: A's early peak beats B's on seeds 1 and 2 -> pi(A) = 2/3
-    r1 = halving.replay({"A": A, "B": B}, STEPS, 1, 0.6)
+    r1 = R.replay({"A": A, "B": B}, STEPS, 1, 0.6)
     assert r1["cuts"] == [{"target": 0.6, "step": 50.0}]
     assert r1["probabilities_exact"] == {"A": "2/3", "B": "1/3"}
     assert r1["pbar"] == {"A": 5.0, "B": 9.0}
@@ -465,13 +489,13 @@ def test_replay_two_candidates_by_hand():
     assert r1["exhaustive_cost"] == 2 and r1["fraction"] == pytest.approx(0.75)
     # n = 2: nine ordered draws; A - B early differences per seed are (-1, +2, +1). A wins (0,1), (1,0),
     # (1,1), (1,2), (2,1), (2,2); (0,2) and (2,0) are exact ties (means 2 = 2), each split 1/2.
-    r2 = halving.replay({"A": A, "B": B}, STEPS, 2, 0.6)
+    r2 = R.replay({"A": A, "B": B}, STEPS, 2, 0.6)
     assert r2["draws"] == 9
     assert r2["probabilities_exact"] == {"A": "7/9", "B": "2/9"}
     assert r2["selected_score"] == pytest.approx(7 / 9 * 5 + 2 / 9 * 9)
     assert r2["cost"] == pytest.approx(2 * 1.5) and r2["exhaustive_cost"] == 4
     # exhaustive search ranks the drawn full peaks: B (9, 8, 10) beats A (6, 5, 4) in every draw
-    full = halving.replay({"A": A, "B": B}, STEPS, 2, None)
+    full = R.replay({"A": A, "B": B}, STEPS, 2, None)
     assert full["probabilities_exact"] == {"A": "0", "B": "1"} and full["cost"] == 4 and full["fraction"] == 1
 
 
@@ -483,7 +507,7 @@ def test_replay_three_candidates_two_rounds_by_hand():
         "y": [[0, 2, 0, 5, 5], [0, 2, 0, 0, 0]],  # early 2 | 2; at 40: 5 | 2
         "z": [[0, 1, 0, 0, 9], [0, 3, 0, 4, 4]],  # early 1 | 3; at 40: 1 | 4
     }
-    r = halving.replay(c, steps, 1, 0.25)
+    r = R.replay(c, steps, 1, 0.25)
     assert [k["step"] for k in r["cuts"]] == [20.0, 40.0]
     # seed 0: keep x, y at 20; y (5) beats x (3) at 40 -> y.  seed 1: keep z, y; z (4) beats y (2) -> z.
     assert r["probabilities_exact"] == {"x": "0", "y": "1/2", "z": "1/2"}
@@ -491,7 +515,7 @@ def test_replay_three_candidates_two_rounds_by_hand():
     assert r["cost"] == pytest.approx(140 / 80)
     # n = 2 draws (0,1) and (1,0): early means x 2, y 2, z 2 -> a three-way tie; keeping two of three
     # by candidate ordering, then ranking at 40 (x 2, y 3.5, z 2.5)
-    r2 = halving.replay(c, steps, 2, 0.25)
+    r2 = R.replay(c, steps, 2, 0.25)
     # per ordering of (x, y, z), the first two listed are kept; y wins whenever kept (4 orderings of 6),
     # otherwise {x, z} -> z. So each mixed draw gives y 2/3, z 1/3; draws (0,0) -> y, (1,1) -> z.
     assert r2["probabilities_exact"] == {
@@ -506,9 +530,9 @@ def test_replay_ties_are_averaged_over_whole_orderings():
     # budget. Each ordering breaks both ties, so z wins only when listed before x and y: 1/3 each.
     steps = [0, 50, 100]
     c = {"x": [[0, 1, 5]], "y": [[0, 1, 5]], "z": [[0, 2, 5]]}
-    r = halving.replay(c, steps, 1, 0.5)
+    r = R.replay(c, steps, 1, 0.5)
     assert r["probabilities_exact"] == {"x": "1/3", "y": "1/3", "z": "1/3"}
-    same = halving.replay({"p": [[1, 2, 3]], "q": [[1, 2, 3]]}, steps, 1, 0.5)
+    same = R.replay({"p": [[1, 2, 3]], "q": [[1, 2, 3]]}, steps, 1, 0.5)
     assert same["probabilities_exact"] == {"p": "1/2", "q": "1/2"}
 
 
@@ -518,12 +542,12 @@ def test_replay_does_not_depend_on_the_candidate_order(seed):
     labels = ["-2", "-1", "0", "1", "2"][: 3 + seed % 3]
     curves = {a: rng.integers(0, 4, size=(3, 6)).astype(float) for a in labels}  # small integers: many ties
     steps = [0, 1, 2, 4, 6, 8]
-    ref = halving.replay(curves, steps, 2, 0.25)
+    ref = R.replay(curves, steps, 2, 0.25)
     shuffler = random.Random(seed)
     for _ in range(3):
         order = labels[:]
         shuffler.shuffle(order)
-        other = halving.replay({a: curves[a] for a in order}, steps, 2, 0.25)
+        other = R.replay({a: curves[a] for a in order}, steps, 2, 0.25)
         assert other["probabilities_exact"] == {a: ref["probabilities_exact"][a] for a in order}
         assert other["selected_score"] == pytest.approx(ref["selected_score"], abs=1e-12)
         assert other["draw_range"] == ref["draw_range"] and other["cost"] == ref["cost"]
@@ -541,26 +565,26 @@ def test_replay_cost_matches_the_papers_fpo_entries():
     for k, table in expect.items():
         curves = {str(i): np.random.default_rng(i).random((1, len(steps))) for i in range(k)}
         for cut, c in table.items():
-            r = halving.replay(curves, steps, 3, cut)
+            r = R.replay(curves, steps, 3, cut)
             assert round(r["cost"], 4) == c, (k, cut)
-    r = halving.replay({str(i): np.zeros((1, len(steps))) + i for i in range(4)}, steps, 3, 0.2)
+    r = R.replay({str(i): np.zeros((1, len(steps))) + i for i in range(4)}, steps, 3, 0.2)
     assert round(100 * r["fraction"], 4) == 44.6721  # Acrobot search / exhaustive at 20%
     assert r["cost_per_replicate"] == pytest.approx(4 * r["fraction"])  # C_fig = C / n = K f
 
 
 def test_replay_bad_input():
     with pytest.raises(ValueError, match="before the first evaluation"):
-        halving.replay({"a": [[1, 2]], "b": [[2, 1]]}, [10, 100], 1, 0.05)
+        R.replay({"a": [[1, 2]], "b": [[2, 1]]}, [10, 100], 1, 0.05)
     with pytest.raises(ValueError, match="same positive number"):
-        halving.replay({"a": [[1, 2]], "b": [[2, 1], [1, 1]]}, [0, 1], 1, 0.5)
+        R.replay({"a": [[1, 2]], "b": [[2, 1], [1, 1]]}, [0, 1], 1, 0.5)
     with pytest.raises(ValueError, match="expected"):
-        halving.replay({"a": [[1, 2, 3]]}, [0, 1], 1, 0.5)
+        R.replay({"a": [[1, 2, 3]]}, [0, 1], 1, 0.5)
     with pytest.raises(ValueError, match="strictly increasing"):
-        halving.replay({"a": [[1, 2]]}, [1, 1], 1, 0.5)
+        R.replay({"a": [[1, 2]]}, [1, 1], 1, 0.5)
     with pytest.raises(ValueError, match="n_draw"):
-        halving.replay({"a": [[1, 2]]}, [0, 1], 0, 0.5)
+        R.replay({"a": [[1, 2]]}, [0, 1], 0, 0.5)
     with pytest.raises(ValueError, match="first_cut"):
-        halving.replay({"a": [[1, 2]]}, [0, 1], 1, 0.0)
+        R.replay({"a": [[1, 2]]}, [0, 1], 1, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -631,6 +655,6 @@ def test_robot_run_folder_reads_its_exponent_and_steps(tmp_path):
         {"update": 2, "global_step": 1024, "eval_return": 3.0},
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = halving.read_run(folder, unit="steps")
+    run = R.read_run(folder, unit="steps")
     assert run["label"] == "0.5" and run["seed"] == 901 and run["curve"] == {0.0: 1.0, 1024.0: 3.0}
-    assert halving.read_run(folder)["curve"] == {0.0: 1.0, 2.0: 3.0}
+    assert R.read_run(folder)["curve"] == {0.0: 1.0, 2.0: 3.0}

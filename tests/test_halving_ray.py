@@ -26,7 +26,7 @@ from jsonl_records import read_jsonl  # noqa: E402
 from test_robot_fpo import TINY_ROBOT  # noqa: E402
 
 import halving  # noqa: E402
-import robot_fpo  # noqa: E402
+import robot_fpo_fast  # noqa: E402  (halving trains the robot arms with the fast variant)
 
 RUNGS = (2, 4, 8)
 # robot arms need robot_fpo.py on the shared run folder (runs_dir, checkpoints/last.pt, env_threads)
@@ -143,7 +143,7 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
 
 
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
-    train = replace(robot_fpo.Args(), **{**TINY_ROBOT, "eval_every": 8}, total_timesteps=2048, env_threads=1)
+    train = replace(robot_fpo_fast.Args(), **{**TINY_ROBOT, "eval_every": 8}, total_timesteps=2048, env_threads=1)
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
     res = halving.run_grid(spec)
     assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import gymnasium as gym
 import numpy as np
@@ -286,19 +286,23 @@ def test_spot_fpopp_end_to_end_on_the_cpu(tmp_path):
 )
 @pytest.mark.parametrize("fused", [False, True])
 def test_routed_columns_through_the_captured_and_fused_paths_on_gpu(tmp_path, fused):
-    """The actor's column slice feeds the captured rollout steps and the Triton sampler as it feeds the eager ones."""
-    args = replace(two_key_args(tmp_path), objective="fpopp", cuda=True, fused=fused)
+    """The actor's column slice feeds robot_fpo_fast's captured rollout steps and Triton sampler as it feeds the
+    reference's rollout (float32 products on both sides)."""
+    import robot_fpo_fast as F
+
+    args = replace(two_key_args(tmp_path), objective="fpopp", cuda=True, tf32=False)
+    fast = F.Args(**{**asdict(args), "fused": fused, "cuda_graph": True})
+    torch.backends.cuda.matmul.allow_tf32 = False
     out = []
-    for graph in (False, True):
-        a = replace(args, cuda_graph=graph)
+    for module, a in ((R, args), (F, fast)):
         torch.manual_seed(0)
-        state = R.build_state(a, torch.device("cuda"))
+        state = module.build_state(a, torch.device("cuda"))
         R.reset_envs(state, a.seed)
         torch.manual_seed(1)
-        batch = R.collect_rollout(state, a)
+        batch = module.collect_rollout(state, a)
         out.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
-        stats = R.update(state, batch, a, 1.0)
+        stats = module.update(state, batch, a, 1.0)
         assert np.isfinite([stats["pg_loss"], stats["v_loss"]]).all()
         state.envs.close()
     for key in out[0]:
-        torch.testing.assert_close(out[1][key], out[0][key], rtol=1e-5, atol=1e-5, msg=key)
+        torch.testing.assert_close(out[1][key], out[0][key], rtol=1e-4, atol=1e-5, msg=key)

@@ -158,6 +158,22 @@ def test_shapes_and_dtypes(env):
     assert torch.isfinite(o).all() and torch.isfinite(r).all()
 
 
+@pytest.mark.parametrize("act", [torch.nn.SiLU, torch.nn.Tanh, torch.nn.ReLU])
+def test_scanned_rollouts_sampler_passes_the_setup_probe(env, act):
+    """ScanRollout.sample (its JAX sampler through DLPack) equals FlowActor.sample for each activation it mirrors,
+    as fpo_utils.samplers.check_sampler probes it at setup."""
+    import robot_fpo as R
+    from fpo_utils.samplers import check_sampler
+
+    torch.manual_seed(0)
+    actor = R.FlowActor(env.route.actor_dim, env.act_dim, 32, 3, 8, 0.5, 1.0)
+    for i, m in enumerate(actor.net):
+        if not isinstance(m, torch.nn.Linear):
+            actor.net[i] = act()
+    scan = env.scan_rollout(actor, None, None, 10, "tanh", 0.0, 1.0)
+    assert check_sampler(scan.sample, actor, env.route.actor_dim, env.act_dim, 10, env.device, 1e-5) <= 1e-5
+
+
 def test_auto_reset_at_episode_length(env):
     first = env.reset(2).clone()
     ret = torch.zeros(4)
@@ -444,9 +460,10 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics
         )
     sys.path.insert(0, ROOT)
     import robot_fpo as R
+    import robot_fpo_fast as F
 
     args = replace(
-        R.Args(),
+        F.Args(),
         backend="playground",
         env_id="CartpoleSwingup",
         objective=objective,
@@ -472,14 +489,14 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics
         a = replace(args, scan_rollout=scan)
         torch.manual_seed(0)
         with jax.default_matmul_precision("highest"):  # float32 products on both sides (no TF32 on a GPU)
-            state = R.build_state(a, torch.device(device))
+            state = F.build_state(a, torch.device(device))
         assert (state.scan is not None) == scan
         R.reset_envs(state, a.seed)
         torch.manual_seed(1)
         runs.append([])
         for _ in range(2):
             with jax.default_matmul_precision("highest"):
-                batch = R.collect_rollout(state, a)
+                batch = F.collect_rollout(state, a)
             runs[-1].append(
                 {
                     **{k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()},
@@ -500,7 +517,7 @@ def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics
         for key in ("l_old", "adv", "returns"):
             torch.testing.assert_close(scanned[key], per_step[key], rtol=1e-3, atol=1e-4)
     # statistics that move inside a rollout keep the per-step path
-    state = R.build_state(replace(args, scan_rollout=True, obs_stats="step"), torch.device(device))
+    state = F.build_state(replace(args, scan_rollout=True, obs_stats="step"), torch.device(device))
     assert state.scan is None
     state.envs.close()
 
@@ -557,8 +574,9 @@ def test_go1_observation_is_routed_state_then_privileged_state(go1):
         assert torch.equal(o[:, 48:], torch.tensor(np.asarray(inner["privileged_state"])))
 
 
-def go1_args(tmp_path, **kw):
-    """The fpopp-locomotion preset on 4 Go1 environments, tiny: 8 steps an update, small networks."""
+def go1_args(tmp_path, presets=None, **kw):
+    """The fpopp-locomotion preset (of ``presets``, default robot_fpo's) on 4 Go1 environments, tiny: 8 steps an
+    update, small networks."""
     from dataclasses import replace
 
     import robot_fpo as R
@@ -568,7 +586,7 @@ def go1_args(tmp_path, **kw):
         flow_steps=4, actor_hidden=16, critic_hidden=16, eval_every=2, eval_episodes=4, episode_length=GO1_EPISODE,
         num_updates=2, cuda=False, runs_dir=str(tmp_path), run_name="go1",
     )  # fmt: skip
-    return replace(R.PRESETS["fpopp-locomotion"], **{**tiny, **kw})
+    return replace((presets or R.PRESETS)["fpopp-locomotion"], **{**tiny, **kw})
 
 
 def test_go1_fpopp_locomotion_end_to_end(tmp_path, go1):
@@ -599,18 +617,19 @@ def test_go1_scanned_rollout_matches_the_per_step_rollout(tmp_path, go1):
     import jax
 
     import robot_fpo as R
+    import robot_fpo_fast as F
 
-    args = go1_args(tmp_path, obs_stats="update", seed=2)
+    args = go1_args(tmp_path, presets=F.PRESETS, obs_stats="update", seed=2)
     runs = []
     for scan in (False, True):
         a = replace(args, scan_rollout=scan)
         torch.manual_seed(0)
         with jax.default_matmul_precision("highest"):
-            state = R.build_state(a, torch.device("cpu"))
+            state = F.build_state(a, torch.device("cpu"))
             assert (state.scan is not None) == scan
             R.reset_envs(state, a.seed)
             torch.manual_seed(1)
-            runs.append({k: v.clone() if torch.is_tensor(v) else v for k, v in R.collect_rollout(state, a).items()})
+            runs.append({k: v.clone() if torch.is_tensor(v) else v for k, v in F.collect_rollout(state, a).items()})
         state.envs.close()
     per_step, scanned = runs
     assert per_step["episodes"] == scanned["episodes"] == 4  # each environment's 5-step episode ends once

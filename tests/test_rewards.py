@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -404,3 +407,63 @@ def test_bad_names_and_inputs_raise():
         reward(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
     with pytest.raises(FileNotFoundError, match="classifier weights"):
         R.load_classifier("/nonexistent/classifier.safetensors")
+
+
+# ---------------------------------------------------------------- rewards.py copied out alone
+
+COPIED_OUT = """
+import json, sys
+import torch
+import rewards
+assert rewards.__file__.startswith(sys.argv[1]), rewards.__file__  # the copy, not the project's file
+try:
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    print(json.dumps({name: rewards.make_reward(name)(x).tolist() for name in ("auto-a35", "edge", "simclr")}))
+except FileNotFoundError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(4)
+"""
+
+
+def run_copied_out(tmp_path, weights_env=None):
+    """rewards.py copied alone into `tmp_path` and run there, with FPO_WEIGHTS_DIR set or unset."""
+    (tmp_path / "rewards.py").write_bytes((ROOT / "rewards.py").read_bytes())
+    env = {k: v for k, v in os.environ.items() if k not in ("FPO_WEIGHTS_DIR", "PYTHONPATH")}
+    if weights_env is not None:
+        env["FPO_WEIGHTS_DIR"] = str(weights_env)
+    cmd = [sys.executable, "-c", COPIED_OUT, str(tmp_path)]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_copied_out_alone_finds_the_weights_through_the_environment(tmp_path):
+    proc = run_copied_out(tmp_path, ROOT / "weights")
+    assert proc.returncode == 0, proc.stderr
+    scores = json.loads(proc.stdout)
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    for name in ("auto-a35", "edge", "simclr"):  # the same scores as the project's own file
+        np.testing.assert_allclose(scores[name], R.make_reward(name)(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_copied_out_alone_without_weights_says_where_it_looked_in_one_line(tmp_path):
+    proc = run_copied_out(tmp_path)
+    assert proc.returncode == 4 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    looked = tmp_path / "weights" / R.CLASSIFIER_FILE
+    assert line.startswith(f"error: classifier weights not found at {looked} ") and "FPO_WEIGHTS_DIR" in line
+
+
+def test_weights_dir_argument_and_environment_variable(tmp_path, monkeypatch):
+    x = torch.rand(3, 3, 32, 32) * 2 - 1
+    for name in ("auto-a35", "edge", "simclr"):
+        torch.testing.assert_close(R.make_reward(name, weights_dir=ROOT / "weights")(x), R.make_reward(name)(x))
+    shipped_simclr = R.make_reward("simclr")(x)
+    monkeypatch.setenv("FPO_WEIGHTS_DIR", str(tmp_path))
+    for name, file in (("auto-a35", R.CLASSIFIER_FILE), ("edge", R.EDGE_CALIBRATION_FILE), ("simclr", R.SIMCLR_FILE)):
+        with pytest.raises(FileNotFoundError) as err:
+            R.make_reward(name)
+        assert f"not found at {tmp_path / file} (weights folder from FPO_WEIGHTS_DIR;" in str(err.value)
+        assert "\n" not in str(err.value)
+    # the argument goes before the variable (the shipped folder, given as text)
+    torch.testing.assert_close(R.make_reward("simclr", weights_dir=str(ROOT / "weights"))(x), shipped_simclr)
+    with pytest.raises(FileNotFoundError, match="weights folder from the weights_dir argument; pass classifier_path"):
+        R.make_reward("auto-a35", weights_dir=tmp_path / "elsewhere")

@@ -131,7 +131,7 @@ def test_unwritable_output_directory_is_one_line_and_exit_5(tmp_path, trainer):
 def test_sweeps_take_the_trainers_presets(monkeypatch):
     import cifar_fpo
     import halving
-    import robot_fpo
+    import robot_fpo_fast
 
     parsed = []
     monkeypatch.setattr(halving, "run_grid", lambda cmd: parsed.append(cmd) or {})
@@ -140,6 +140,6 @@ def test_sweeps_take_the_trainers_presets(monkeypatch):
     halving.main(["robot-grid", "--train.preset", "fpo", "--train.seed", "5"])
     quick, fpo = parsed[0].train, parsed[1].train
     assert quick == replace(cifar_fpo.PRESETS["quick"], batch_size=4)
-    assert fpo == replace(robot_fpo.PRESETS["fpo"], seed=5)
+    assert fpo == replace(robot_fpo_fast.PRESETS["fpo"], seed=5)
     with pytest.raises(Exception, match="--train.preset 'huge' is not one of"):
         halving.main(["cifar", "--train.preset", "huge"])
