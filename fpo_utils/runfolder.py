@@ -475,6 +475,9 @@ def cli(
     except ValueError as err:  # bad input found while building the run
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except FileNotFoundError as err:  # a file the settings name (weights, a reward's model) is missing
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_FILE)
     except KeyboardInterrupt:
         print("error: interrupted; continue with --resume", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

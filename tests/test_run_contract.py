@@ -143,3 +143,15 @@ def test_sweeps_take_the_trainers_presets(monkeypatch):
     assert fpo == replace(robot_fpo_fast.PRESETS["fpo"], seed=5)
     with pytest.raises(Exception, match="--train.preset 'huge' is not one of"):
         halving.main(["cifar", "--train.preset", "huge"])
+
+
+def test_missing_reward_weights_are_one_line_and_leave_no_folder(tmp_path):
+    """rewards.py's weights folder set to an empty path: the run stops before training with one line naming the
+    file and how to point at another, exit 4 (a missing file), and no run folder."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", FPO_WEIGHTS_DIR=str(tmp_path / "empty"))
+    cmd = [sys.executable, str(ROOT / "cifar_fpo.py"), "--preset", "quick", "--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    err = one_line(proc)
+    assert proc.returncode == 4
+    assert str(tmp_path / "empty" / "cifar10-classifier.safetensors") in err and "FPO_WEIGHTS_DIR" in err
+    assert not any((tmp_path / "runs").glob("*/checkpoints"))
