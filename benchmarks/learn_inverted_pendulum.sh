@@ -3,8 +3,8 @@
 # Prints the evaluation curve and the run's peak evaluation return (eq:peak); the
 # acceptance target is a peak of at least 900 (the task's maximum return is 1000).
 # This easy task learns fastest with a small batch (16 environments, 4 minibatches x 4 epochs,
-# constant lr 3e-4, unclamped stored actions), set explicitly below; it reaches 1000 at ~102k steps
-# on one CPU core. With the HalfCheetah/Walker2d defaults it reached 603 by 147k steps.
+# constant lr 3e-4, unclamped stored actions), set explicitly below. Measured runs:
+# benchmarks/robot_results/README.md ("On a CPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS_DIR=${RUNS_DIR:-runs}
