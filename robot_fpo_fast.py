@@ -190,15 +190,19 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
     n = src["obs"].shape[0]
     mb, steps = n // args.num_minibatches, args.update_epochs * args.num_minibatches
     # The graph reads the optimiser's moments at fixed addresses: loading a checkpoint replaces them, so recapture.
-    moments = [id(v) for group in state.optimizer.state.values() for v in group.values()]
-    if state.graph is None or state.graph.key != (n, steps, mb) or state.graph_moments != moments:
+    if state.graph is None or state.graph.key != (n, steps, mb) or state.graph_moments != moment_ids(state.optimizer):
         losses = partial(R.minibatch_losses, state, args=args)
         losses = torch.compile(losses, dynamic=False) if args.compile else losses
         step_fn = lambda s, idx: R.gradient_step(state, *losses(s, idx), args)  # noqa: E731
         state.graph = GraphedStep(step_fn, src, steps, mb, len(book.STAT_KEYS), state.optimizer, (n, steps, mb))
     table = state.graph.run(src, [torch.randperm(n, device=state.device) for _ in range(args.update_epochs)])
-    state.graph_moments = [id(v) for group in state.optimizer.state.values() for v in group.values()]
+    state.graph_moments = moment_ids(state.optimizer)  # created by the first capture
     return book.update_stats(table, state.update)
+
+
+def moment_ids(optimizer) -> list[int]:
+    """Which tensors hold the optimiser's state (moments, step counts): ``load_state_dict`` replaces them."""
+    return [id(v) for group in optimizer.state.values() for v in group.values()]
 
 
 def evaluate(state: State, envs, args: Args, init: str) -> float:
