@@ -5,7 +5,7 @@ Read top to bottom: the settings (`Args`, `PRESETS`), the pieces an update uses 
 advantages, the velocity loss, the clipped objective), `setup`, then `train`, whose loop is Algorithm 1
 with its steps numbered, followed by validation and stopping, and `main`. The weighting rules are in
 weighting.py; the network in fpo_utils/unet.py, the fast mode (--compile) in fpo_utils/cifar_graphs.py,
-the logged numbers in fpo_utils/cifar_metrics.py, the run folder in fpo_utils/runfolder.py.
+the logged numbers and the curve in fpo_utils/cifar_metrics.py, the run folder in fpo_utils/runfolder.py.
 
     python cifar_fpo.py --preset quick                  # a few minutes on a CPU
     python cifar_fpo.py --alpha -2                      # the paper's settings (app:cifar)
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fpo_utils import cifar_graphs
-from fpo_utils.cifar_metrics import TAGS, update_line, update_row, update_values
+from fpo_utils.cifar_metrics import TAGS, plot_validation, update_line, update_row, update_values
 from fpo_utils.devices import PRECISIONS, autocast_ctx, pick_device, set_precision, to_device  # noqa: F401
 from fpo_utils.runfolder import RunFolder, cli
 from fpo_utils.settings import check_at_least, check_divisible, check_finite, check_literals, subset
@@ -37,7 +37,7 @@ from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are th
     save_unet,
     velocity,
 )
-from rewards import make_reward
+from rewards import make_diversity_features, make_reward, sample_diversity
 from weighting import WeightingRule, coherence_moments, draw_multipliers, sample_bin_times
 
 
@@ -402,10 +402,11 @@ class Run:
     autocast: Any
     rule: WeightingRule  # w_k, its plan (q_k, a_k) and the calibration bank
     val_latents: torch.Tensor
-    history: List[Dict[str, float]]  # validation nodes: {"update", "val_reward"}
+    history: List[Dict[str, float]]  # validation nodes: {"update", "val_reward", "val_div_cos", "val_div_classes"}
     k: int = 0  # next update to run
     status: str = "running"
     stop_reason: Optional[str] = None
+    diversity: Any = None  # images -> (SimCLR features, predicted classes) (rewards.make_diversity_features)
 
 
 def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
@@ -452,7 +453,7 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
         **subset(args, "online_decay", "online_init", "refit_eta", "refit_every", "estimator", "g"),
     )
     parts = (net, paths.fwd, old_net, paths.sampler, optimizer, reward_fn, convention, autocast, rule, val_latents)
-    run = Run(args, device, *parts, history=[])
+    run = Run(args, device, *parts, history=[], diversity=make_diversity_features(device))
     if rf is not None and rf.resuming:
         ckpt = rf.load_checkpoint(map_location="cpu")  # also restores every RNG state
         net.load_state_dict(ckpt["model"])
@@ -472,17 +473,31 @@ def setup(args: Args, rf: Optional[RunFolder] = None) -> Run:
 
 
 @torch.no_grad()
-def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor]:
+def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor, Dict[str, float]]:
     """Mean reward of the current model over the fixed validation latent banks (app:cifar); images are
-    generated `chunk` at a time (default 128; all banks at once with --compile)."""
+    generated `chunk` at a time (default 128; all banks at once with --compile). Also returns the first
+    64 images and the sample diversity of all the banks' images together (`diversity_row`)."""
     chunk = chunk or (run.val_latents.shape[0] if run.args.compile else 128)
-    images, rewards = [], []
+    images, rewards, feats = [], [], []
     for s in range(0, run.val_latents.shape[0], chunk):
         x = run.sampler(run.val_latents[s : s + chunk])
         rewards.append(run.reward_fn(x).float().cpu())
+        if run.diversity is not None:
+            feats.append([f.cpu() for f in run.diversity(x)])
         if not images:
             images.append(x[:64].cpu())
-    return float(torch.cat(rewards).mean()), images[0]
+    return float(torch.cat(rewards).mean()), images[0], diversity_row(feats)
+
+
+def diversity_row(feats: List[Any]) -> Dict[str, float]:
+    """Sample diversity of one validation node from each chunk's (features, classes) (`rewards.sample_diversity`):
+    `val_div_cos`, the mean pairwise cosine distance of the SimCLR features of all its images, and
+    `val_div_classes`, how many distinct CIFAR-10 classes the classifier predicts for them (empty without
+    a diversity model, `feats` empty)."""
+    if not feats:
+        return {}
+    cos, classes = sample_diversity(torch.cat([f for f, _ in feats]), torch.cat([c for _, c in feats]))
+    return {"val_div_cos": cos, "val_div_classes": classes}
 
 
 def should_stop(history: List[Dict[str, float]], args: Args) -> Optional[str]:
@@ -515,7 +530,8 @@ def checkpoint(run: Run, rf: RunFolder):
 
 
 def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
-    """summary.json: status, updates done, the per-run peak (eq:peak) and where it was."""
+    """summary.json: status, updates done, the per-run peak (eq:peak), where it was and the sample diversity
+    of the validation node that set it."""
     hist = run.history
     best = max(hist, key=lambda h: h["val_reward"]) if hist else None
     return rf.write_summary(
@@ -526,6 +542,8 @@ def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
             "updates_done": run.k,
             "peak": best["val_reward"] if best else None,
             "peak_update": best["update"] if best else None,
+            "div_cos_at_peak": best.get("val_div_cos") if best else None,
+            "div_classes_at_peak": best.get("val_div_classes") if best else None,
             "initial_val_reward": hist[0]["val_reward"] if hist else None,
             "final_val_reward": hist[-1]["val_reward"] if hist else None,
             "c_x0": run.rule.c_ref,
@@ -534,18 +552,23 @@ def summary(run: Run, rf: RunFolder) -> Dict[str, Any]:
     )
 
 
-def record_validation(run: Run, rf: RunFolder, val: float, images: torch.Tensor, say) -> bool:
-    """Validation node run.k: history, metrics row, curve and samples; returns True (and sets the
-    status) when the run ends here, on a non-finite reward or by the stopping rule."""
+def record_validation(
+    run: Run, rf: RunFolder, val: float, images: torch.Tensor, say, diversity: Optional[Dict[str, float]] = None
+) -> bool:
+    """Validation node run.k: history, metrics row (with the sample diversity from `validate`), curve and
+    samples; returns True (and sets the status) when the run ends here, on a non-finite reward or by the
+    stopping rule."""
     args, k = run.args, run.k
-    run.history.append({"update": k, "val_reward": val})
-    rf.log({"kind": "validation", "update": k, "val_reward": val}, step=k, tags={"val_reward": "charts/val_reward"})
-    updates, vals = [h["update"] for h in run.history], [h["val_reward"] for h in run.history]
-    rf.plot_curve(updates, vals, "update", f"validation reward ({args.reward})")
+    run.history.append({"update": k, "val_reward": val, **(diversity or {})})
+    rf.log({"kind": "validation", **run.history[-1]}, step=k, tags=TAGS)
+    vals = [h["val_reward"] for h in run.history]
+    if getattr(rf, "path", None) is not None:  # a benchmark's stand-in folder writes nothing
+        plot_validation(rf.path, run.history, args.reward)
     if args.save_samples:
         rf.save_images(images, f"update_{k:05d}")
     if args.verbose:
-        say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(vals):.4f}")
+        div = "  ".join(f"{key[4:]} {v:.4g}" for key, v in (diversity or {}).items())
+        say(f"[validation] update {k:4d}  val_reward {val:.4f}  peak {max(vals):.4f}  {div}".rstrip())
     if not math.isfinite(val):
         run.status, run.stop_reason = "nonfinite", "non-finite validation reward"
         return True
@@ -566,7 +589,8 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
     while True:
         k = run.k
         if k % args.val_every == 0 and not any(h["update"] == k for h in run.history):
-            if record_validation(run, rf, *validate(run), say):
+            val, images, diversity = validate(run)
+            if record_validation(run, rf, val, images, say, diversity):
                 break
         if k % args.checkpoint_every == 0:
             checkpoint(run, rf)

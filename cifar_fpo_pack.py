@@ -365,16 +365,22 @@ def score(runs: List[Run], x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validate(pack: Pack, chunk: int = 128) -> Tuple[List[float], torch.Tensor]:
+def validate(pack: Pack, chunk: int = 128) -> Tuple[List[float], torch.Tensor, List[Dict[str, float]]]:
     """`cifar_fpo.validate` for every run: its validation latents in the same 128-image chunks; returns
-    each run's mean reward and its first 64 images."""
-    rewards, images = [], None
+    each run's mean reward, its first 64 images and the sample diversity of its own images (the
+    diversity models are the same for every run: one call per chunk for all runs)."""
+    rewards, images, feats = [], None, []
+    diversity = pack.runs[0].diversity
     for s in range(0, pack.val_latents.shape[1], chunk):
         x = pack.sample(pack.val_latents[:, s : s + chunk])
         rewards.append(score(pack.runs, x).cpu())
+        if diversity is not None:
+            f, c = (t.cpu().unflatten(0, x.shape[:2]) for t in diversity(x.flatten(0, 1)))
+            feats.append((f, c))
         if images is None:
             images = x[:, :64].cpu()
-    return [float(r.mean()) for r in torch.cat(rewards, dim=1)], images
+    rows = [cifar_fpo.diversity_row([(f[j], c[j]) for f, c in feats]) for j in range(len(pack.runs))]
+    return [float(r.mean()) for r in torch.cat(rewards, dim=1)], images, rows
 
 
 @torch.no_grad()
@@ -442,12 +448,12 @@ def _before_update(pack: Pack, summaries: Dict[str, Any]):
     """What `cifar_fpo.train` does before update k, for every run: the validation node (all runs of the
     pack are sampled at once when any run is at one), the checkpoint, the end of the budget, Ctrl-C."""
     due = [s for s, r in enumerate(pack.runs) if r.k % r.args.val_every == 0 and r.k not in validated(r)]
-    vals, images = validate(pack) if due else (None, None)
+    vals, images, diversity = validate(pack) if due else (None, None, None)
     signal = next((rf for rf in pack.folders if rf.stop_requested), None)
     ended = []
     for s, (run, rf) in enumerate(zip(pack.runs, pack.folders)):
         args, k = run.args, run.k
-        if s in due and cifar_fpo.record_validation(run, rf, vals[s], images[s], _say(run)):
+        if s in due and cifar_fpo.record_validation(run, rf, vals[s], images[s], _say(run), diversity[s]):
             ended.append(s)
             continue
         if k % args.checkpoint_every == 0:

@@ -14,6 +14,8 @@ The module has three layers:
    (the frozen CIFAR-10 classifier behind ``p_auto``) and ``SimCLREncoder`` (the frozen
    self-supervised encoder behind the SimCLR reward). ``scripts/`` trains them.
 3. Backends and the factory ``make_reward(name, ...)``.
+4. Sample diversity (``make_diversity_features``, ``sample_diversity``): the SimCLR encoder's mean
+   pairwise cosine distance and the classifier's number of distinct classes over a set of images.
 
 The module imports nothing from its project, so it can be copied out alone. The weights folder
 (classifier, SimCLR encoder, Edge calibration) is, first found first: the ``weights_dir`` argument
@@ -689,3 +691,49 @@ def make_reward(
 
     reward.name = name
     return reward
+
+
+# --------------------------------------------------------------------------------------------
+# Sample diversity (not a reward: a check that a generator has not collapsed onto one image)
+# --------------------------------------------------------------------------------------------
+
+
+def mean_pairwise_cosine_distance(features: torch.Tensor) -> torch.Tensor:
+    """Mean ``1 - cos(f_i, f_j)`` over the N (N - 1) / 2 distinct pairs of rows of (N, D) ``features``.
+
+    One Gram matmul in float64. 0 when every row points the same way, 1 for orthogonal rows, at most 2;
+    a zero row counts as orthogonal to every other row; NaN for N < 2 (no pairs).
+    """
+    if features.ndim != 2:
+        raise ValueError(f"features must be (N, D), got shape {tuple(features.shape)}")
+    f = F.normalize(features.double(), dim=1)
+    i, j = torch.triu_indices(f.shape[0], f.shape[0], offset=1, device=f.device)
+    return 1.0 - (f @ f.T)[i, j].mean()
+
+
+def make_diversity_features(device="cpu", weights_dir=None):
+    """Build ``images (N, 3, 32, 32) in [-1, 1] -> (features (N, D) float32, classes (N,) int64)``.
+
+    ``features`` are the frozen SimCLR encoder's representations (``load_simclr``), ``classes`` the
+    frozen CIFAR-10 classifier's argmax (``load_classifier``); both from the weights folder
+    (`find_weights_dir`), never a reward's own files, so that runs with different rewards compare.
+    Loading leaves the global CPU RNG as it found it (building a module draws its initial weights
+    from it) and the function runs under ``torch.no_grad`` and draws nothing.
+    """
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        encoder, _ = load_simclr(None, device, weights_dir)
+        classifier = load_classifier(None, device, weights_dir)
+
+    @torch.no_grad()
+    def features(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = check_images(images).to(device=device, dtype=torch.float32)
+        return encoder(x).float(), classifier(x).argmax(dim=1)
+
+    return features
+
+
+def sample_diversity(features: torch.Tensor, classes: torch.Tensor) -> tuple[float, int]:
+    """(mean pairwise SimCLR cosine distance, number of distinct predicted classes) of a set of
+    images, from the two outputs of ``make_diversity_features`` over all of them."""
+    return float(mean_pairwise_cosine_distance(features)), int(torch.unique(classes).numel())

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from fpo_utils import legged  # command tracking of the legged joystick tasks
 from fpo_utils import robot_bookkeeping as book  # argument checks, checkpoints, statistics rows
 from fpo_utils.envs import RunningMeanStd, env_settings, normalize_obs, segment_seed
 from fpo_utils.runfolder import NonFiniteLoss, RunFolder, cli
@@ -438,18 +439,36 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
     return pg_loss, v_loss, ratio
 
 
+def optimiser_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters, then every tensor of their optimiser state (moments, step counts)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return params + [v for p in params for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
+
+
 def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Tensor:
-    """Backward, gradient clip, optimiser step -> the STAT_KEYS row (7,), left on the device."""
-    params = [p for g in state.optimizer.param_groups for p in g["params"]]
-    state.optimizer.zero_grad(set_to_none=True)
-    (pg_loss + args.vf_coef * v_loss).backward()
+    """Backward, gradient clip, optimiser step -> the STAT_KEYS row (8,), left on the device.
+    A step whose loss or gradient holds an inf or NaN (``exp`` of the FPO ratio overflows float32 past
+    ``D_i = 88.7``) is skipped: parameters and optimiser state stay as they were, and the row's
+    ``skipped`` is 1. (Official FPO applies such a step, and its actor becomes NaN.) Finite gradients
+    are applied, even where their norm overflows."""
+    opt = state.optimizer
+    params = [p for g in opt.param_groups for p in g["params"]]
+    opt.zero_grad(set_to_none=True)
+    loss = pg_loss + args.vf_coef * v_loss
+    loss.backward()
     gn = nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm > 0 else float("inf"), foreach=True)
-    state.optimizer.step()
+    grads = [p.grad for p in params if p.grad is not None]
+    ok = torch.stack([torch.isfinite(g).all() for g in grads] + [torch.isfinite(loss.detach())]).all()
+    with torch.no_grad():  # no host sync: the step is taken, then undone where not ok
+        before = [t.clone() for t in optimiser_tensors(opt)]
+    opt.step()
     with torch.no_grad():
+        for i, t in enumerate(optimiser_tensors(opt)):  # state created by a first step restarts from zero
+            t.copy_(torch.where(ok.to(t.device), t, before[i] if i < len(before) else torch.zeros_like(t)))
         r = ratio.detach()
         clipfrac = ((r - 1.0).abs() > args.clip_coef).float().mean()
-        row = [pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(), clipfrac, gn.to(r.dtype)]
-        return torch.stack(row).float()
+        row = [pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(), clipfrac, gn.to(r.dtype), ~ok]
+        return torch.stack([v.to(r.dtype) for v in row]).float()
 
 
 def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
@@ -467,19 +486,23 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
 @torch.no_grad()
 def evaluate(state: State, envs, args: Args, init: str, sample=None) -> float:
     """Mean first-episode return of the evaluation environments (seeds ``eval_seed + i``) with frozen statistics and
-    the EMA actor if any; ``init`` zero: x0 = 0, random: x0 drawn from ``eval_seed``. (``sample``: robot_fpo_fast.py)"""
+    the EMA actor if any; ``init`` zero: x0 = 0, random: x0 drawn from ``eval_seed``. (``sample``: robot_fpo_fast.py)
+    A legged joystick task's return also carries its command-tracking errors (``fpo_utils.legged``)."""
     gen = torch.Generator(device="cpu").manual_seed(args.eval_seed)
     sample = sample or (state.ema if state.ema is not None else state.actor).sample
     obs, n, d = envs.reset(args.eval_seed), envs.num_envs, envs.act_dim
     total, finished = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
+    tracker = legged.Tracker.of(envs)  # None for a task without a command
     while not bool(finished.all()):
         o = normalize_obs(obs.to(state.device), state.obs_rms)
         x0 = (torch.zeros(n, d) if init == "zero" else torch.randn(n, d, generator=gen)).to(state.device)
         x = sample(o[:, state.obs_actor], x0, args.flow_steps).to(state.device)
-        obs, reward, term, trunc, _ = envs.step(squash(x, args.action_squash))
+        obs, reward, term, trunc, info = envs.step(squash(x, args.action_squash))
         total += torch.where(finished, 0.0, reward.cpu().double())
+        if tracker is not None:
+            tracker.add(info["final_obs"], ~finished)
         finished |= (term | trunc).cpu()
-    return float(total.mean())
+    return legged.eval_result(float(total.mean()), tracker)
 
 
 # ---------------------------------------------------------------- Setup, checkpoints and main
@@ -528,16 +551,17 @@ def main(
             return rf.write_summary(book.summary_row(state, args, status, reason))
 
         def do_eval(row: dict) -> None:
-            row["eval_return"] = evaluator(state, eval_envs, args, eval_init)
+            row.update(legged.eval_row(evaluator(state, eval_envs, args, eval_init)))  # + eval_track_* if legged
             if args.objective == "fpopp":
                 other = "random" if eval_init == "zero" else "zero"
-                row[f"eval_return_{other}"] = evaluator(state, eval_envs, args, other)
+                row.update(legged.eval_row(evaluator(state, eval_envs, args, other), f"_{other}"))
             if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations
                 state.peak = (row["eval_return"], state.global_step, state.update)
             curve[0].append(state.global_step), curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
             at = f"update={state.update} step={state.global_step}"
-            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
+            track = "".join(f" {k}={row[k]:.3f}" for k in legged.TRACK_KEYS[:2] if k in row)
+            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}{track}")
 
         restored = rf.resuming and book.load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
         if not restored:  # fresh episodes everywhere, seeded from (seed, update)

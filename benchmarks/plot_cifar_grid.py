@@ -21,18 +21,28 @@ file's run replaces an earlier one's. Writes:
   differences q+Z - explicit paired by (reward, profile, g, seed), mean +- SD and W/T/L at tolerance
   .003, beside tab:sampling;
 * where the runs' folders still hold sample grids: `samples.jpg`, a corner of each run's last sample
-  grid (one seed), per reward and weighting.
+  grid (one seed), per reward and weighting; a run without one gets a panel marked "no sample grid saved";
+* `verdicts.json` / `verdicts.md`: every comparison above decided by one rule (RULE, `verdict`: the paired
+  difference over seeds is a win or loss beyond 2 SE, else a tie; n/a under 2 pairs), the generated
+  verdict text, and the peaks that are the untrained update-0 value; the blocks of `<out>/README.md`
+  between `<!-- generated: NAME -->` and `<!-- end generated -->` are refilled from them.
 
-    python benchmarks/plot_cifar_grid.py runs/cifar/*/grid.json --out benchmarks/cifar_results
+Tables show the diversity at the peak (`div_cos_at_peak`, `div_classes_at_peak`) where runs measured it and
+"not measured" otherwise. Grids are grid.json files, their folders, or the raw-file tarballs:
+
+    python benchmarks/plot_cifar_grid.py benchmarks/cifar_results/data/*.tar.gz --out benchmarks/cifar_results
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import matplotlib
 
@@ -79,7 +89,24 @@ class Args:
     grids: tyro.conf.Positional[Tuple[str, ...]]
     """grid.json files of `halving.py cifar-grid` (or their folders)."""
     out: str = "."
-    """Folder for the PNGs and tables."""
+    """Folder for the PNGs and tables (and the README.md whose generated blocks are refilled)."""
+    mark_blank: Tuple[str, ...] = ()
+    """Existing sample montages whose empty panels (runs without a sample grid) are to be marked."""
+
+
+def grid_files(paths: Tuple[str, ...], unpack: Path) -> List[str]:
+    """The grid.json files of the given paths: a grid.json, a folder holding one, or a raw-file tarball
+    (`data/*.tar.gz`), unpacked under `unpack` and read in the order of its grid.json paths."""
+    out: List[str] = []
+    for p in paths:
+        if str(p).endswith((".tar.gz", ".tgz")):
+            dest = unpack / Path(p).name.split(".t")[0]
+            with tarfile.open(p) as tar:
+                tar.extractall(dest, filter="data")
+            out += sorted(str(g) for g in dest.rglob("grid.json"))
+        else:
+            out.append(p)
+    return out
 
 
 def grid_runs(paths: Tuple[str, ...]) -> Runs:
@@ -89,6 +116,65 @@ def grid_runs(paths: Tuple[str, ...]) -> Runs:
         path = Path(p) / "grid.json" if Path(p).is_dir() else Path(p)
         out += [(path, run) for run in json.loads(path.read_text())["runs"]]
     return out
+
+
+def run_info(path: Path, run: dict) -> Dict[str, object]:
+    """A run's peak update and, where its trainer measured them, the diversity of its validation images
+    at the peak validation (`div_cos_at_peak`, `div_classes_at_peak` in summary.json, or the peak's
+    validation row of metrics.jsonl); None where not measured."""
+    info: Dict[str, object] = {"peak_update": run.get("peak_update"), "div_cos": None, "div_classes": None}
+    for key, field in (("div_cos", "div_cos_at_peak"), ("div_classes", "div_classes_at_peak")):
+        info[key] = run.get(field)
+    folder = path.parent / "arms" / str(run.get("name", ""))
+    summary = folder / "summary.json"
+    if run.get("name") and summary.is_file():
+        doc = json.loads(summary.read_text())
+        if info["peak_update"] is None:
+            info["peak_update"] = doc.get("peak_update")
+        for key, field in (("div_cos", "div_cos_at_peak"), ("div_classes", "div_classes_at_peak")):
+            if info[key] is None:
+                info[key] = doc.get(field)
+    metrics = folder / "metrics.jsonl"
+    if run.get("name") and info["div_cos"] is None and metrics.is_file() and info["peak_update"] is not None:
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("kind") == "validation" and row.get("update") == info["peak_update"]:
+                info["div_cos"] = row.get("val_div_cos", info["div_cos"])
+                info["div_classes"] = row.get("val_div_classes", info["div_classes"])
+    return info
+
+
+def fixed_alpha_info(runs: Runs) -> Dict[str, Dict[float, Dict[float, Dict[int, Dict[str, object]]]]]:
+    """reward -> g -> alpha -> seed -> run_info, over the runs fixed_alpha_peaks takes."""
+    out: Dict[str, Dict[float, Dict[float, Dict[int, Dict[str, object]]]]] = {}
+    for path, run in runs:
+        s = run["settings"]
+        if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
+            continue
+        if run.get("peak") is None:
+            continue
+        by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
+        by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = run_info(path, run)
+    return out
+
+
+def cell_info(runs: Runs) -> Dict[Tuple[str, str, int], Dict[str, object]]:
+    """(reward, cell, seed) -> run_info for every run with a peak (a later file's run replaces an earlier's)."""
+    return {
+        (run["task"], str(run.get("cell")), int(run["seed"])): run_info(path, run)
+        for path, run in runs
+        if run.get("peak") is not None
+    }
+
+
+def update0_peaks(runs: Runs) -> List[Tuple[str, str, int, float]]:
+    """(reward, cell, seed, peak) of the runs whose peak is the update-0 validation: the untrained
+    generator's reward, never bettered by training."""
+    found = {}
+    for path, run in runs:
+        if run.get("peak") is not None and run_info(path, run)["peak_update"] == 0:
+            found[(run["task"], str(run.get("cell")), int(run["seed"]))] = float(run["peak"])
+    return [(r, c, k, v) for (r, c, k), v in sorted(found.items())]
 
 
 def fixed_alpha_peaks(runs: Runs) -> Peaks:
@@ -165,12 +251,76 @@ def pm(values: List[float], sign: str = "") -> str:
     return f"{m:{sign}.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}")
 
 
+RULE = (
+    "Every comparison is a paired difference over seeds: runs with the same seed are paired (where a comparison"
+    " pools several profiles or shapes, each (profile, seed) is a pair). If the mean difference lies beyond"
+    " twice its standard error (SE = sample SD of the paired differences / sqrt(n)), the comparison is a win"
+    " (above) or a loss (below); otherwise it is a tie. With fewer than 2 pairs there is no verdict (n/a)."
+)
+
+
+def verdict(diffs: Sequence[float]) -> Tuple[str, float, float]:
+    """(verdict, mean, SE) of paired differences A - B: "win" (A above B) or "loss" where the mean lies
+    beyond twice its standard error (sample SD / sqrt(n)), else "tie"; "n/a" with fewer than 2 pairs."""
+    n = len(diffs)
+    if n == 0:
+        return "n/a", float("nan"), float("nan")
+    m = sum(diffs) / n
+    if n < 2:
+        return "n/a", m, float("nan")
+    se = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1) / n)
+    return ("win" if m > 2 * se else "loss" if m < -2 * se else "tie"), m, se
+
+
+def paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
+    """a[seed] - b[seed] over the seeds both have, in seed order."""
+    return [a[k] - b[k] for k in sorted(a) if k in b]
+
+
+class Report:
+    """Every comparison the report makes (verdicts.json, verdicts.md) and the generated text blocks that
+    replace the marked blocks of the report's README.md."""
+
+    def __init__(self) -> None:
+        self.rows: List[Dict[str, object]] = []
+        self.blocks: Dict[str, List[str]] = {}
+
+    def compare(self, section: str, reward: str, a: str, b: str, diffs: Sequence[float], pairs: str = "seed"):
+        v, m, se = verdict(diffs)
+        row = {"section": section, "reward": reward, "a": a, "b": b, "pairs": pairs, "n": len(diffs)}
+        row.update(mean=None if math.isnan(m) else m, se=None if math.isnan(se) else se, verdict=v)
+        self.rows.append(row)
+        return row
+
+    def add(self, block: str, *lines: str) -> None:
+        self.blocks.setdefault(block, []).extend(lines)
+
+
+def diff_text(row: Dict[str, object]) -> str:
+    """'+0.0071 +- 0.0027 (SE, n = 12), win' for a comparison row."""
+    if row["mean"] is None:
+        return "no pairs, n/a"
+    se = "" if row["se"] is None else f" +- {row['se']:.4f}"
+    return f"{row['mean']:+.4f}{se} (SE, n = {row['n']}), {row['verdict']}"
+
+
+def names(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:g}" for v in values) if values else "none"
+
+
+def tied_ranks(by_alpha: Dict[float, Dict[int, float]], alphas: Sequence[float], seeds: Sequence[int]) -> List[int]:
+    """Per shape, 1 + the number of shapes that beat it under the verdict rule (paired over `seeds`):
+    shapes that no other shape separates share rank 1."""
+    sub = {a: {k: by_alpha[a][k] for k in seeds} for a in alphas}
+    return [1 + sum(verdict(paired(sub[b], sub[a]))[0] == "win" for b in alphas if b != a) for a in alphas]
+
+
 def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str, object]:
     """Over tab:scale's shapes that the g = 1 runs have (all runs' if there is no g = 1), the scales
     that have every one of them (the others are listed under "incomplete"), and the seeds that every
     such cell has (so each mean is over the same seeds): the winner (best mean peak) at each g, the
-    maximum regret of keeping the g = 1 winner, and the within-scale ranks (1 = best) as an (alphas,
-    gs) array."""
+    maximum regret of keeping the g = 1 winner, the within-scale ranks by mean (1 = best) and the ranks
+    under the verdict rule (tied_ranks), as (alphas, gs) arrays."""
     ref = set(by_g[1.0]) if 1.0 in by_g else set().union(*map(set, by_g.values()))
     alphas = sorted(ref & set(SCALE_SHAPES))
     gs = sorted(g for g in by_g if set(alphas) <= set(by_g[g]))
@@ -186,7 +336,9 @@ def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str,
         keep = alphas.index(winners[1.0])
         regret = float(max(means[:, j].max() - means[keep, j] for j in range(len(gs))))
     ranks = np.argsort(np.argsort(-means, axis=0), axis=0) + 1
+    tied = np.array([tied_ranks(by_g[g], alphas, seeds) for g in gs]).T
     return {
+        "tied_ranks": tied,
         "gs": gs,
         "alphas": alphas,
         "incomplete": incomplete,
@@ -198,33 +350,158 @@ def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str,
     }
 
 
-def write_landscape(data: Peaks, out: Path) -> None:
-    rewards = sorted(r for r in data if 1.0 in data[r])
-    fig, axes = plt.subplots(1, len(rewards), figsize=(4.2 * len(rewards), 3.4), squeeze=False)
-    lines = ["| reward | alpha | n | peak mean +- SD | seeds | paper's g = 1 shape (tab:scale) |", "|---" * 6 + "|"]
-    for ax, reward in zip(axes[0], rewards):
+def div_text(infos: Sequence[Dict[str, object]]) -> Tuple[str, str]:
+    """(mean cosine diversity, mean number of classes) over the runs that measured them, with their count
+    where not every run did; "not measured" where none did."""
+    out = []
+    for key, fmt in (("div_cos", ".3f"), ("div_classes", ".1f")):
+        vals = [float(i[key]) for i in infos if i.get(key) is not None]
+        if not vals:
+            out.append("not measured")
+            continue
+        text = f"{sum(vals) / len(vals):{fmt}}"
+        out.append(text if len(vals) == len(infos) else f"{text} ({len(vals)} of {len(infos)})")
+    return out[0], out[1]
+
+
+def update0_text(infos: Dict[int, Dict[str, object]]) -> str:
+    """The seeds whose peak is the untrained update-0 validation."""
+    return ", ".join(str(k) for k in sorted(infos) if infos[k].get("peak_update") == 0)
+
+
+def landscape_verdicts(data: Peaks, report: Report) -> Dict[str, Dict[str, object]]:
+    """Per reward at g = 1: the best mean alpha, and every alpha against it and against the paper's
+    selected shape (tab:scale), paired by seed."""
+    out: Dict[str, Dict[str, object]] = {}
+    for reward in sorted(r for r in data if 1.0 in data[r]):
         runs = data[reward][1.0]
+        means = {a: mean_sd(list(runs[a].values()))[0] for a in runs}
+        best = max(means, key=means.get)
+        paper = PAPER_G1_WINNER.get(reward)
+        vs_best, vs_paper = {}, {}
+        for a in sorted(runs):
+            if a != best:
+                vs_best[a] = report.compare(
+                    "landscape", reward, f"alpha {a:g}", f"alpha {best:g} (best)", paired(runs[a], runs[best])
+                )
+            if paper is not None and paper in runs and a != paper:
+                vs_paper[a] = report.compare(
+                    "landscape", reward, f"alpha {a:g}", f"alpha {paper:g} (paper)", paired(runs[a], runs[paper])
+                )
+        out[reward] = {"best": best, "means": means, "paper": paper, "vs_best": vs_best, "vs_paper": vs_paper}
+    return out
+
+
+def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
+    found = landscape_verdicts(data, report)
+    rewards = list(found)
+    fig, axes = plt.subplots(1, len(rewards), figsize=(4.2 * len(rewards), 3.9), squeeze=False, sharey=True)
+    head = "| reward | alpha | n | peak mean +- SD | seeds | paper's g = 1 shape (tab:scale) | minus best, paired |"
+    head += " vs best | minus paper's shape, paired | vs paper's shape | peak at update 0 (seeds) | diversity (cos) |"
+    lines = [head + " classes |", "|---" * 13 + "|"]
+    for ax, reward in zip(axes[0], rewards):
+        runs, v = data[reward][1.0], found[reward]
         alphas = sorted(runs)
         stats = [mean_sd(list(runs[a].values())) for a in alphas]
         sds = [0 if math.isnan(s) else s for _, s in stats]
-        ax.errorbar(alphas, [m for m, _ in stats], yerr=sds, marker="o", capsize=3)
-        if reward in PAPER_G1_WINNER:
-            ax.axvline(PAPER_G1_WINNER[reward], color="gray", ls="--", label="paper's g = 1 shape")
-            ax.legend(fontsize=8)
         n = sorted({len(runs[a]) for a in alphas})
+        lost = [a != v["best"] and v["vs_best"][a]["verdict"] == "loss" for a in alphas]
+
+        def draw(target, with_label):
+            target.errorbar(alphas, [m for m, _ in stats], yerr=sds, color="C0", capsize=3, zorder=1)
+            for a, (m, _), low in zip(alphas, stats, lost):
+                face = "white" if low else "C0"
+                target.plot([a], [m], "o", mfc=face, mec="C0", zorder=2)
+            if reward in PAPER_G1_WINNER:
+                label = "paper's g = 1 shape" if with_label else None
+                target.axvline(PAPER_G1_WINNER[reward], color="gray", ls="--", label=label)
+
+        draw(ax, True)
+        ax.plot([], [], "o", color="C0", label="ties the best (or is it)")
+        ax.plot([], [], "o", mfc="white", mec="C0", label="below the best (loss)")
+        ax.legend(fontsize=7, loc="lower left")
+        ax.set_ylim(0, 1.02)
+        means = [m for m, _ in stats]
+        if max(means) - min(means) < 0.1:  # a narrow landscape: magnified in an inset, axis marked
+            lo, hi = min(m - s for (m, _), s in zip(stats, sds)), max(m + s for (m, _), s in zip(stats, sds))
+            pad = (hi - lo) * 0.1
+            inset = ax.inset_axes([0.5, 0.3, 0.47, 0.4])
+            draw(inset, False)
+            inset.set_ylim(lo - pad, hi + pad)
+            inset.set_title(f"zoom: y {lo - pad:.3f} to {hi + pad:.3f}", fontsize=7)
+            inset.tick_params(labelsize=6)
         ax.set_title(f"{reward} (n = {'-'.join(map(str, n))} seeds)")
-        ax.set(xlabel="alpha (smaller: more high-noise emphasis)", ylabel="per-run validation peak")
+        ax.set(xlabel="alpha (smaller: more high-noise emphasis)")
         for a, (m, s) in zip(alphas, stats):
             seeds = ", ".join(str(k) for k in sorted(runs[a]))
             sd = "" if math.isnan(s) else f" +- {s:.4f}"
-            paper = PAPER_G1_WINNER.get(reward)
-            paper = "" if paper is None else f"{paper:g}"
-            lines.append(f"| {reward} | {a:g} | {len(runs[a])} | {m:.4f}{sd} | {seeds} | {paper} |")
+            paper = "" if v["paper"] is None else f"{v['paper']:g}"
+            best = v["vs_best"].get(a)
+            vs_best = ["", "best"] if best is None else [diff_text(best).split(" (")[0], best["verdict"]]
+            pap = v["vs_paper"].get(a)
+            if pap is None:
+                vs_pap = ["", "paper's shape" if v["paper"] == a else ""]
+            else:
+                vs_pap = [diff_text(pap).split(" (")[0], pap["verdict"]]
+            infos = info.get(reward, {}).get(1.0, {}).get(a, {})
+            cells = [reward, f"{a:g}", str(len(runs[a])), f"{m:.4f}{sd}", seeds, paper, *vs_best, *vs_pap]
+            cells += [update0_text(infos), *div_text(list(infos.values()))]
+            lines.append("| " + " | ".join(cells) + " |")
+    axes[0][0].set_ylabel("per-run validation peak\n(mean over seeds; bars: sample SD)")
+    fig.suptitle(
+        "Peak against alpha at g = 1. Bars: sample SD over seeds. Open markers: below the best alpha under the"
+        " paired rule (mean difference beyond 2 SE)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out / "landscape.png", dpi=110)
     plt.close(fig)
-    (out / "landscape.md").write_text("\n".join(lines) + "\n")
+    (out / "landscape.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'landscape.png'} {out / 'landscape.md'}")
+    landscape_text(data, found, report)
+
+
+def landscape_text(data: Peaks, found: Dict[str, Dict[str, object]], report: Report) -> None:
+    low_lost, low_all, plateau_tied, plateau_all, papers = 0, 0, 0, 0, []
+    for reward, v in found.items():
+        best, means, paper = v["best"], v["means"], v["paper"]
+        tied = [a for a, r in v["vs_best"].items() if r["verdict"] == "tie"]
+        lost = [a for a, r in v["vs_best"].items() if r["verdict"] == "loss"]
+        na = [a for a, r in v["vs_best"].items() if r["verdict"] == "n/a"]
+        low = [a for a in sorted(means) if a >= 1 and a != best]
+        low_lost += sum(a in lost for a in low)
+        low_all += len(low)
+        high = [a for a in sorted(means) if a <= 0.5 and a != best]
+        plateau_tied += sum(a in tied for a in high)
+        plateau_all += len(high)
+        lines = [f"- **{reward}**: best mean alpha {best:g} ({means[best]:.4f}). Tied with it: alpha {names(tied)};"]
+        lines[-1] += f" below it (loss): alpha {names(lost)}" + (f"; n/a: alpha {names(na)}." if na else ".")
+        if paper is None or paper not in means:
+            claim = "no paper shape to compare"
+        elif paper == best:
+            claim = f"the paper's g = 1 shape ({paper:g}) is the best mean here: **holds**"
+        else:
+            row = v["vs_best"][paper]
+            word = {"tie": "**holds** (tie)", "loss": "**differs**", "win": "**holds**"}.get(row["verdict"], "n/a")
+            claim = f"the paper's g = 1 shape ({paper:g}) against the best: {diff_text(row)}: {word}"
+        papers.append(f"{reward} {'best' if paper == best else v['vs_best'].get(paper, {}).get('verdict', 'n/a')}")
+        lost_low = [a for a in low if a in lost]
+        word = "**holds**" if low and len(lost_low) == len(low) else "**partly**" if lost_low else "**differs**"
+        lines.append(
+            f"  Low-noise emphasis (alpha >= 1) below the best at alpha {names(lost_low)} of {names(low)}: {word}."
+        )
+        high_lost = [a for a in high if a in lost]
+        word = "**holds**" if not high_lost else "**partly**"
+        lines.append(
+            f"  High-noise side and x0 (alpha <= 0.5): tied with the best at {names([a for a in high if a in tied])},"
+            f" below it at {names(high_lost)}: {word}. {claim[0].upper()}{claim[1:]}."
+        )
+        report.add("landscape", *lines)
+    report.add(
+        "summary_landscape",
+        f"alpha >= 1 below the best in {low_lost} of {low_all} (reward, alpha) cells; alpha <= 0.5 tied with the"
+        f" best in {plateau_tied} of {plateau_all}; paper's g = 1 shape against the best: " + ", ".join(papers),
+    )
 
 
 def scale_summaries(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> List[Dict[str, object]]:
@@ -240,7 +517,7 @@ def scale_summaries(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> List[Di
     return [first, scale_summary({g: by_g[g] for g in wider})]
 
 
-def write_scale(data: Peaks, out: Path) -> None:
+def write_scale(data: Peaks, out: Path, report: Report) -> None:
     summaries = {r: scale_summaries(data[r]) for r in sorted(data) if len(data[r]) > 1}
     for r, (s, *_) in summaries.items():
         if s["incomplete"]:
@@ -251,9 +528,14 @@ def write_scale(data: Peaks, out: Path) -> None:
     panels = [(r, s) for r, ss in summaries.items() for s in ss if "winners" in s]
     if not panels:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels), 4.1), squeeze=False)
     lines = ["| reward | source | seeds | " + " | ".join(f"g = {g:g}" for g in PAPER_GS) + " | max regret |"]
     lines.append("|---" * (len(PAPER_GS) + 4) + "|")
+    checks = [
+        "| reward | seeds | g | best mean shape | tied with the best | paper's shape | paper's shape minus best |"
+    ]
+    checks[-1] += " g = 1 winner minus best |"
+    checks.append("|---" * 8 + "|")
     for ax, (reward, s) in zip(axes[0], panels):
         cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
         seeds = ", ".join(map(str, s["seeds"]))
@@ -261,37 +543,153 @@ def write_scale(data: Peaks, out: Path) -> None:
         if reward in PAPER_SCALE and s is summaries[reward][-1]:
             won, regret = PAPER_SCALE[reward]
             lines.append(f"| {reward} | paper | n = 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
-        ax.imshow(s["ranks"], cmap="viridis_r", aspect="auto")
-        for (i, j), r in np.ndenumerate(s["ranks"]):
+        scale_checks(reward, s, data[reward], checks, report)
+        tied = s["tied_ranks"]
+        ax.imshow(tied, cmap="viridis_r", aspect="auto", vmin=1, vmax=len(s["alphas"]))
+        for (i, j), r in np.ndenumerate(tied):
+            shared = int((tied[:, j] == r).sum()) > 1
             dark = r > (len(s["alphas"]) + 1) / 2  # viridis_r: the low ranks are dark
-            ax.text(j, i, str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8)
+            ax.text(
+                j, i, f"={r}" if shared else str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8
+            )
         ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
         ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
-        title = f"{reward}, n = {len(s['seeds'])}: rank within scale"
-        ax.set(title=title, xlabel="scale g", ylabel="alpha")
+        ax.set(title=f"{reward}, n = {len(s['seeds'])} seeds", xlabel="scale g", ylabel="alpha")
+    fig.suptitle(
+        "Rank within each scale = 1 + shapes that beat it (paired by seed, mean beyond 2 SE); '=r': rank shared (tied)",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(out / "scale_ranks.png", dpi=110)
     plt.close(fig)
-    (out / "scale.md").write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n\nPer scale, under the verdict rule (paired by seed over the seeds above):\n\n"
+    (out / "scale.md").write_text(f"{RULE}\n\n" + text + "\n".join(checks) + "\n")
     print(f"wrote {out / 'scale_ranks.png'} {out / 'scale.md'}")
 
 
-def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], out: Path) -> None:
+def scale_checks(reward: str, s: Dict[str, object], by_g, checks: List[str], report: Report) -> None:
+    """Per scale of one scale summary: the shapes tied with the best mean, the paper's shape (tab:scale)
+    and the g = 1 winner against the best; then the attainable reward at each g against g = 1."""
+    seeds, alphas = s["seeds"], s["alphas"]
+    paper = dict(zip(PAPER_GS, PAPER_SCALE[reward][0])) if reward in PAPER_SCALE else {}
+    keep = s["winners"].get(1.0)
+    sub = {g: {a: {k: by_g[g][a][k] for k in seeds} for a in alphas} for g in s["gs"]}
+    tag = f"n = {len(seeds)}"
+    moved, paper_words, keep_words = [], [], []
+    for g in s["gs"]:
+        best = s["winners"][g]
+        tied = [a for a in alphas if a != best and verdict(paired(sub[g][a], sub[g][best]))[0] == "tie"]
+        cells = [reward, ", ".join(map(str, seeds)), f"{g:g}", f"{best:g}", names(tied)]
+        p = paper.get(g)
+        if p is None or float(p) not in sub[g]:
+            cells += ["", ""]
+        elif float(p) == best:
+            cells += [f"{p:g}", "the best"]
+            paper_words.append(f"g {g:g}: best")
+        else:
+            row = report.compare(
+                "scale",
+                reward,
+                f"alpha {p:g} (paper) at g {g:g}, {tag}",
+                f"alpha {best:g} (best)",
+                paired(sub[g][float(p)], sub[g][best]),
+            )
+            cells += [f"{p:g}", diff_text(row)]
+            paper_words.append(f"g {g:g}: {row['verdict']}")
+        if keep is None or keep == best:
+            cells.append("the best" if keep is not None else "")
+            keep_words.append("best")
+        else:
+            row = report.compare(
+                "scale",
+                reward,
+                f"alpha {keep:g} (g = 1 winner) at g {g:g}, {tag}",
+                f"alpha {best:g} (best)",
+                paired(sub[g][keep], sub[g][best]),
+            )
+            cells.append(diff_text(row))
+            keep_words.append(row["verdict"])
+            moved += [g] if row["verdict"] == "loss" else []
+        checks.append("| " + " | ".join(cells) + " |")
+    if keep is None:
+        return
+    word = "**holds**" if not moved else "**differs**"
+    report.add(
+        "scale",
+        f"- **{reward}** ({tag} seeds, g = {names(s['gs'])}): best mean shape per g "
+        + ", ".join(f"{s['winners'][g]:g}" for g in s["gs"])
+        + f". Keeping g = 1's winner ({keep:g}) against each g's best: {', '.join(keep_words)}: the preferred shape"
+        f" moves with scale at g = {names(moved)}: stability {word}. The paper's shape per g (tab:scale) against"
+        f" the best: {'; '.join(paper_words)}.",
+    )
+    report.add(
+        "summary_scale",
+        f"{reward} ({tag}): g = 1 winner {keep:g} kept at every g: {word.strip('*')};"
+        f" paper's shape: {'; '.join(paper_words)}",
+    )
+    if 1.0 not in s["gs"]:
+        return
+    low = [a for a in alphas if a <= 0.5]
+    attain = []
+    for g in s["gs"]:
+        if g == 1.0:
+            continue
+        diffs = [by_g[g][a][k] - by_g[1.0][a][k] for a in low for k in seeds]
+        row = report.compare(
+            "scale", reward, f"g {g:g}, alpha {names(low)}, {tag}", "g 1", diffs, pairs="(shape, seed)"
+        )
+        attain.append(f"g = {g:g} {diff_text(row)}")
+    report.add(
+        "scale",
+        f"  Attainable reward against g = 1, paired by (shape, seed) over alpha {names(low)}: "
+        + "; ".join(attain)
+        + ".",
+    )
+
+
+def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, out: Path, report: Report) -> None:
     rewards = sorted(r for r in peaks if "eps" in peaks[r])
     if not rewards:
         return
-    lines = ["| reward | x0 (alpha 0) | v (alpha 1) | eps | best |", "|---" * 5 + "|"]
+    head = "| reward | x0 (alpha 0) | v (alpha 1) | eps | best | x0 - v, paired | v - eps, paired | x0 - eps, paired |"
+    lines = [head + " diversity (cos) x0 / v / eps | classes x0 / v / eps |", "|---" * 10 + "|"]
+    orders, words = 0, []
     for reward in rewards:
-        cells, means = [], {}
+        row, means = [], {}
         for target in ("x0", "v", "eps"):
             runs = peaks[reward].get(target)
             if not runs:
-                cells.append("-")
+                row.append("-")
                 continue
             means[target] = mean_sd(list(runs.values()))[0]
-            cells.append(f"{pm(list(runs.values()))} (n={len(runs)})")
-        lines.append(f"| {reward} | " + " | ".join(cells) + f" | {max(means, key=means.get)} |")
-    (out / "targets.md").write_text("\n".join(lines) + "\n")
+            row.append(f"{pm(list(runs.values()))} (n={len(runs)})")
+        row.append(max(means, key=means.get))
+        verdicts = []
+        for a, b in (("x0", "v"), ("v", "eps"), ("x0", "eps")):
+            if a in peaks[reward] and b in peaks[reward]:
+                r = report.compare("targets", reward, a, b, paired(peaks[reward][a], peaks[reward][b]))
+                row.append(diff_text(r))
+                verdicts.append(r["verdict"])
+            else:
+                row.append("-")
+                verdicts.append("n/a")
+        fixed = info.get(reward, {}).get(1.0, {})
+        divs = [list(fixed.get(0.0, {}).values()), list(fixed.get(1.0, {}).values())]
+        divs.append([i for (r, c, _), i in cells.items() if r == reward and c == "eps"])
+        texts = [div_text(d) for d in divs]
+        row += [" / ".join(t[0] for t in texts), " / ".join(t[1] for t in texts)]
+        lines.append(f"| {reward} | " + " | ".join(row) + " |")
+        orders += verdicts[:2] == ["win", "win"]
+        words.append(f"{reward}: x0 - v {verdicts[0]}, v - eps {verdicts[1]}")
+    word = "**holds**" if orders == len(rewards) else f"**holds on {orders} of {len(rewards)} rewards**"
+    report.add(
+        "targets",
+        f"- x0 above v above eps under the rule on {orders} of {len(rewards)} rewards ({'; '.join(words)}): {word}.",
+    )
+    report.add(
+        "summary_targets", f"x0 > v > eps (both steps wins) on {orders} of {len(rewards)} rewards ({'; '.join(words)})"
+    )
+    (out / "targets.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'targets.md'}")
 
 
@@ -302,14 +700,15 @@ def paper_key(settings: dict) -> str:
     return settings["weighting"]
 
 
-def write_rules(rules: Rules, data: Peaks, out: Path) -> None:
+def write_rules(rules: Rules, data: Peaks, cells, info, out: Path, report: Report) -> None:
     """rules.md: per reward, the x0 control, the best fixed alpha, each schedule's end points, and every
-    schedule and rule: peak mean +- SD, the paired difference from x0 over the seeds both have, the paper's
-    number where it gives one."""
+    schedule and rule: peak mean +- SD, the paired difference from x0 over the seeds both have with its SE
+    and verdict, the paper's number where it gives one, and the diversity at the peak where measured."""
     if not rules:
         return
-    lines = ["| reward | weighting | n | peak mean +- SD | minus x0, paired (seeds) | paper (n = 3) |"]
-    lines.append("|---" * 6 + "|")
+    lines = ["| reward | weighting | n | peak mean +- SD | minus x0, paired (seeds) | SE | vs x0 | paper (n = 3) |"]
+    lines[-1] += " diversity (cos) | classes |"
+    lines.append("|---" * 10 + "|")
     for reward in sorted(rules):
         fixed = data.get(reward, {}).get(1.0, {})
         x0 = fixed.get(0.0, {})
@@ -321,42 +720,171 @@ def write_rules(rules: Rules, data: Peaks, out: Path) -> None:
                 for end in (float(settings["alpha_early"]), float(settings["alpha_late"])):
                     if end in fixed:
                         notes.setdefault(end, []).append("path end")
+        fixed_info = info.get(reward, {}).get(1.0, {})
         rows = [
-            (f"alpha{a:+g}", f" ({', '.join(dict.fromkeys(n))})", fixed[a], f"alpha{a:+g}")
+            (f"alpha{a:+g}", f" ({', '.join(dict.fromkeys(n))})", fixed[a], f"alpha{a:+g}", fixed_info.get(a, {}))
             for a, n in sorted(notes.items())
         ]
-        rows += [(cell, "", peaks, paper_key(settings)) for cell, (settings, peaks) in rules[reward].items()]
-        for label, note, peaks, key in rows:
-            paired = [peaks[s] - x0[s] for s in peaks if s in x0]
-            diff = f"{mean_sd(paired)[0]:+.4f} ({len(paired)})" if paired and peaks is not x0 else ""
+        for cell, (settings, peaks) in rules[reward].items():
+            rule_info = {k: i for (r, c, k), i in cells.items() if r == reward and c == cell}
+            rows.append((cell, "", peaks, paper_key(settings), rule_info))
+        for label, note, peaks, key, infos in rows:
+            diff, se, vs = "", "", ""
+            if peaks is not x0 and any(s in x0 for s in peaks):
+                d = paired(peaks, x0)
+                row = report.compare("rules", reward, label, "x0 (alpha 0)", d)
+                diff = f"{row['mean']:+.4f} ({len(d)})"
+                se, vs = ("" if row["se"] is None else f"{row['se']:.4f}"), row["verdict"]
             paper = PAPER_RULES.get((reward, key))
             paper = "" if paper is None else f"{paper[0]:.4f} +- {paper[1]:.4f}"
             values = list(peaks.values())
-            lines.append(f"| {reward} | {label}{note} | {len(values)} | {pm(values)} | {diff} | {paper} |")
-    (out / "rules.md").write_text("\n".join(lines) + "\n")
+            cos, classes = div_text(list(infos.values()))
+            cols = [reward, f"{label}{note}", str(len(values)), pm(values), diff, se, vs, paper, cos, classes]
+            lines.append("| " + " | ".join(cols) + " |")
+        rules_text(reward, rules[reward], fixed, report)
+    (out / "rules.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'rules.md'}")
 
 
-def write_estimators(pairs: Dict[str, List[Tuple[str, int, float, float]]], out: Path) -> None:
-    """estimators.md: per reward, the paired peak differences q+Z - explicit (mean +- SD, W/T/L with
-    tolerance TIE_TOLERANCE) beside tab:sampling, then every pair."""
+def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report: Report) -> None:
+    """The paper's claims on static softmax (fig:static), online rules (app:online-analysis) and paths
+    (tab:dynamic), each decided by the verdict rule."""
+    x0 = fixed.get(0.0, {})
+    best = max(fixed, key=lambda a: mean_sd(list(fixed[a].values()))[0]) if fixed else None
+    static = {s["eta"]: p for s, p in rules.values() if s["weighting"] == "static-softmax"}
+    summary = []
+    if static and best is not None:
+        by = {eta: verdict(paired(p, fixed[best]))[0] for eta, p in static.items()}
+        groups = {w: [e for e in sorted(by) if by[e] == w] for w in ("win", "tie", "loss", "n/a")}
+        top = max(static, key=lambda e: mean_sd(list(static[e].values()))[0])
+        row = report.compare(
+            "rules",
+            reward,
+            f"static softmax eta {top:g} (best mean eta)",
+            f"alpha {best:g} (best fixed)",
+            paired(static[top], fixed[best]),
+        )
+        word = "**holds**" if row["verdict"] in ("tie", "win") else "**differs**" if row["verdict"] == "loss" else "n/a"
+        eta_max = max(static)
+        text = f"- **{reward}, static softmax** against the best fixed alpha ({best:g}): etas above it"
+        text += (
+            f" {names(groups['win'])}, tied {names(groups['tie'])}, below {names(groups['loss'])}. The best mean eta"
+        )
+        text += f" ({top:g}): {diff_text(row)}: matching the best fixed alpha (fig:static) {word}."
+        if eta_max != top:
+            more = report.compare(
+                "rules",
+                reward,
+                f"static softmax eta {eta_max:g}",
+                f"static softmax eta {top:g} (best mean eta)",
+                paired(static[eta_max], static[top]),
+            )
+            shown = {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"}.get(
+                more["verdict"], "n/a"
+            )
+            text += (
+                f" The most concentrated eta ({eta_max:g}) against the best eta: {diff_text(more)}: more concentration"
+            )
+            text += f" is not uniformly better: {shown}."
+        report.add("rules", text)
+        summary.append(f"{reward}: best static eta vs best fixed alpha {row['verdict']}")
+    for settings, peaks in rules.values():
+        if settings["weighting"] == "online-ema" and x0:
+            row = report.compare("rules", reward, "online EMA", "x0 (alpha 0)", paired(peaks, x0))
+            below = {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"}.get(row["verdict"], "n/a")
+            text = f"- **{reward}, online EMA** minus x0: {diff_text(row)}"
+            text += (
+                f"; the online peak below its x0 control (app:online-analysis): {below}."
+                if reward == "auto-a35"
+                else "."
+            )
+            report.add("rules", text)
+            summary.append(f"{reward}: online EMA vs x0 {row['verdict']}")
+        if settings["weighting"] == "schedule":
+            ends = [float(settings["alpha_early"]), float(settings["alpha_late"])]
+            parts = []
+            for end in ends:
+                if end in fixed:
+                    row = report.compare(
+                        "rules",
+                        reward,
+                        f"path {ends[0]:g} -> {ends[1]:g}",
+                        f"fixed alpha {end:g}",
+                        paired(peaks, fixed[end]),
+                    )
+                    above = {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"}.get(
+                        row["verdict"], "n/a"
+                    )
+                    parts.append(
+                        f"minus fixed {end:g}: {diff_text(row)}; the path above fixed {end:g} (tab:dynamic): {above}"
+                    )
+                    summary.append(f"{reward}: path vs fixed {end:g} {row['verdict']}")
+            report.add("rules", f"- **{reward}, path {ends[0]:g} -> {ends[1]:g}**: " + ". ".join(parts) + ".")
+    report.add("summary_rules", "; ".join(summary))
+
+
+def write_estimators(
+    pairs: Dict[str, List[Tuple[str, int, float, float]]], data: Peaks, out: Path, report: Report
+) -> None:
+    """estimators.md: per reward, the paired peak differences q+Z - explicit over every (profile, seed) pair
+    (mean +- SD, the verdict rule's SE and verdict, and W/T/L with tolerance TIE_TOLERANCE as tab:sampling
+    counts them) beside tab:sampling; per profile over its seeds; q+Z against the q+a runs of the same
+    profile and seed; then every pair."""
     if not pairs:
         return
-    lines = ["| reward | pairs | q+Z - explicit | W/T/L | paper: pairs | paper: q+Z - explicit | paper: W/T/L |"]
-    lines.append("|---" * 7 + "|")
+    lines = ["| reward | pairs | q+Z - explicit | W/T/L | paper: pairs | paper: q+Z - explicit | paper: W/T/L | SE |"]
+    lines[-1] += " verdict |"
+    lines.append("|---" * 9 + "|")
+    per_profile = ["| reward | profile | q+Z - explicit over seeds | q+Z - q+a over seeds |", "|---" * 4 + "|"]
+    summary = []
     for reward, rows in pairs.items():
         diffs = [q - e for _, _, q, e in rows]
         wtl = [sum(d > TIE_TOLERANCE for d in diffs), sum(abs(d) <= TIE_TOLERANCE for d in diffs)]
         wtl.append(len(diffs) - sum(wtl))
         paper = PAPER_SAMPLING.get(reward)
         paper = ["", "", ""] if paper is None else [str(paper[0]), f"{paper[1]:+.5f} +- {paper[2]:.5f}", paper[3]]
+        row = report.compare("estimators", reward, "q+Z", "explicit", diffs, pairs="(profile, seed)")
         ours = [str(len(diffs)), pm(diffs, "+"), "/".join(map(str, wtl))]
-        lines.append(f"| {reward} | " + " | ".join(ours + paper) + " |")
+        se = "" if row["se"] is None else f"{row['se']:.4f}"
+        lines.append(f"| {reward} | " + " | ".join(ours + paper + [se, row["verdict"]]) + " |")
+        qa_all = []
+        for profile in dict.fromkeys(p for p, *_ in rows):
+            sub = [(k, q, e) for p, k, q, e in rows if p == profile]
+            r1 = report.compare(
+                "estimators", reward, f"q+Z at {profile}", f"explicit at {profile}", [q - e for _, q, e in sub]
+            )
+            qa = data.get(reward, {}).get(1.0, {}).get(profile_alpha(profile), {})
+            qd = [q - qa[k] for k, q, _ in sub if k in qa]
+            qa_all += qd
+            r2 = report.compare("estimators", reward, f"q+Z at {profile}", f"q+a at {profile}", qd) if qd else None
+            per_profile.append(f"| {reward} | {profile} | {diff_text(r1)} | {diff_text(r2) if r2 else '-'} |")
+        text = f"- **{reward}**: q+Z minus explicit over {len(diffs)} (profile, seed) pairs: {diff_text(row)}"
+        text += f" (W/T/L at the paper's .003: {'/'.join(map(str, wtl))}; paper {paper[2] or '-'})."
+        if reward == "edge":
+            word = {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"}.get(row["verdict"], "n/a")
+            text += f" Edge improves under q+Z (tab:sampling): {word}."
+        if qa_all:
+            r3 = report.compare("estimators", reward, "q+Z", "q+a", qa_all, pairs="(profile, seed)")
+            text += f" q+Z minus the q+a runs of item a at the same profile and seed: {diff_text(r3)}."
+        report.add("estimators", text)
+        summary.append(
+            f"{reward}: q+Z vs explicit {row['verdict']} ({row['mean']:+.4f} +- {row['se']:.4f} SE, {len(diffs)} pairs)"
+        )
+    lines += ["", "Per profile, paired by seed:", ""] + per_profile
     lines += ["", "| reward | profile | seed | q+Z | explicit | difference |", "|---" * 6 + "|"]
     for reward, rows in pairs.items():
         lines += [f"| {reward} | {p} | {s} | {q:.4f} | {e:.4f} | {q - e:+.4f} |" for p, s, q, e in rows]
-    (out / "estimators.md").write_text("\n".join(lines) + "\n")
+    report.add("summary_estimators", "; ".join(summary))
+    (out / "estimators.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'estimators.md'}")
+
+
+def profile_alpha(profile: str) -> float:
+    """The fixed alpha of a profile cell such as `alpha-2`, or nan for any other profile."""
+    try:
+        return float(profile[5:]) if profile.startswith("alpha") and "__" not in profile else float("nan")
+    except ValueError:
+        return float("nan")
 
 
 def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
@@ -374,9 +902,44 @@ def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
     return {r: {c: v[1] for c, v in cells.items()} for r, cells in found.items() if cells}
 
 
+def write_summary(runs: Runs, report: Report) -> None:
+    """The summary table of the report: each item's runs (with a peak, a rerun counted once) and its
+    generated verdicts."""
+    kinds: Dict[str, set] = {}
+    for _, run in runs:
+        s = run["settings"]
+        if run.get("peak") is None:
+            continue
+        g, est = float(s.get("g", 1.0)), s.get("estimator", "q+a")
+        if est != "q+a":
+            kind = "estimators"
+        elif s.get("target"):
+            kind = "targets" if g == 1.0 else ""
+        elif s.get("weighting") == "fixed":
+            kind = "landscape" if g == 1.0 else "scale"
+        else:
+            kind = "rules" if g == 1.0 else ""
+        kinds.setdefault(kind, set()).add((run["task"], run.get("cell"), run["seed"]))
+    items = [
+        ("a. alpha landscape", "fig:image_landscape", "landscape"),
+        ("c. targets", "eq:targets", "targets"),
+        ("b. scale", "tab:scale, fig:scale-ranks", "scale"),
+        ("d. paths and rules", "tab:dynamic, fig:static, tab:online-full", "rules"),
+        ("e. estimators", "tab:sampling", "estimators"),
+    ]
+    lines = ["| item | paper | runs | result (verdict rule above) |", "|---|---|---|---|"]
+    for item, paper, kind in items:
+        result = "; ".join(report.blocks.get(f"summary_{kind}", [])) or "not run"
+        lines.append(f"| {item} | {paper} | {len(kinds.get(kind, ()))} | {result} |")
+    report.add("summary", *lines)
+
+
+NO_SAMPLES = "no sample\ngrid saved"
+
+
 def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 3) -> None:
     """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
-    padding, as `RunFolder.save_images` writes it)."""
+    padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel."""
     if not samples:
         return
     from PIL import Image
@@ -396,6 +959,10 @@ def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 
                 image = Image.open(samples[reward][cell]).convert("RGB")
                 side = (image.width - 2) // 8 * corner + 2  # each image with its padding: (width - 2) / 8
                 ax.imshow(image.crop((0, 0, side, side)), interpolation="nearest")
+            else:
+                ax.text(
+                    0.5, 0.5, NO_SAMPLES, ha="center", va="center", fontsize=7, color="gray", transform=ax.transAxes
+                )
             ax.set_title(cell.replace("alpha", "a "), fontsize=8)
             if j == 0:
                 ax.set_ylabel(reward, fontsize=9)
@@ -405,19 +972,115 @@ def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 
     print(f"wrote {out / 'samples.jpg'}")
 
 
+def mark_blank_panels(path: Path, panel: Tuple[int, int] = (120, 135)) -> List[Tuple[int, int]]:
+    """Marks the empty panels of a sample montage that write_samples drew before it marked them (panels of
+    `panel` pixels, 1.2 x 1.35 inches at 100 dpi): a panel whose middle is plain white gets NO_SAMPLES.
+    Returns the (row, column) of each marked panel."""
+    from PIL import Image
+
+    image = Image.open(path).convert("RGB")
+    cols, rows = image.width // panel[0], image.height // panel[1]
+    pixels = np.asarray(image).astype(int)
+    marked = []
+    for i in range(rows):
+        for j in range(cols):
+            y, x = i * panel[1] + panel[1] // 2, j * panel[0] + panel[0] // 2
+            middle = pixels[y - 25 : y + 25, x - 25 : x + 25]
+            if middle.min() > 240:
+                marked.append((i, j))
+    if not marked:
+        return marked
+    fig = plt.figure(figsize=(image.width / 100, image.height / 100), dpi=100)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(image, interpolation="nearest")
+    ax.set_axis_off()
+    for i, j in marked:
+        x, y = j * panel[0] + panel[0] // 2, i * panel[1] + panel[1] // 2 + 8
+        ax.text(x, y, NO_SAMPLES, ha="center", va="center", fontsize=7, color="gray")
+    fig.savefig(path, dpi=100, pil_kwargs={"quality": 90})
+    plt.close(fig)
+    print(
+        f"marked {len(marked)} empty panel(s) in {path}: " + ", ".join(f"row {i + 1} column {j + 1}" for i, j in marked)
+    )
+    return marked
+
+
+def write_update0(runs: Runs, report: Report) -> None:
+    found = update0_peaks(runs)
+    text = "; ".join(f"{r} {c.replace('__', ' ')} seed {k} ({v:.4f})" for r, c, k, v in found) or "none"
+    report.add(
+        "update0", f"{len(found)} run(s) peaked at update 0, the untrained generator's validation reward: {text}."
+    )
+
+
+def write_verdicts(report: Report, out: Path) -> None:
+    """verdicts.json (every comparison) and verdicts.md (the rule, the generated text, every comparison)."""
+    (out / "verdicts.json").write_text(json.dumps({"rule": RULE, "comparisons": report.rows}, indent=1) + "\n")
+    lines = ["# Verdicts", "", RULE, ""]
+    for name, block in report.blocks.items():
+        lines += [f"## {name}", "", *block, ""]
+    lines += [
+        "## every comparison",
+        "",
+        "| section | reward | A | B | pairs | n | A - B | SE | verdict |",
+        "|---" * 9 + "|",
+    ]
+    for r in report.rows:
+        m = "" if r["mean"] is None else f"{r['mean']:+.4f}"
+        se = "" if r["se"] is None else f"{r['se']:.4f}"
+        lines.append(
+            f"| {r['section']} | {r['reward']} | {r['a']} | {r['b']} | {r['pairs']} | {r['n']} | {m} | {se}"
+            f" | {r['verdict']} |"
+        )
+    (out / "verdicts.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'verdicts.json'} {out / 'verdicts.md'}")
+
+
+def fill_readme(path: Path, report: Report) -> None:
+    """Replaces every `<!-- generated: NAME -->` ... `<!-- end generated -->` block of the report's README
+    with the generated block NAME (`rule` is the verdict rule)."""
+    if not path.is_file():
+        return
+    blocks = {"rule": [RULE], **report.blocks}
+    text, done = path.read_text(), []
+
+    def fill(match: "re.Match[str]") -> str:
+        name = match.group(1)
+        if name not in blocks:
+            return match.group(0)
+        done.append(name)
+        return f"<!-- generated: {name} -->\n" + "\n".join(blocks[name]) + "\n<!-- end generated -->"
+
+    text = re.sub(r"<!-- generated: (\S+) -->\n.*?<!-- end generated -->", fill, text, flags=re.S)
+    path.write_text(text)
+    print(f"filled {path}: {', '.join(done) or 'no generated blocks'}")
+
+
 def main(args: Args) -> None:
+    with tempfile.TemporaryDirectory() as unpack:
+        report(Args(grids=tuple(grid_files(args.grids, Path(unpack))), out=args.out, mark_blank=args.mark_blank))
+
+
+def report(args: Args) -> None:
     runs = grid_runs(args.grids)
     data = fixed_alpha_peaks(runs)
     if not data:
         raise SystemExit(f"error: no fixed-alpha runs with a peak in {', '.join(args.grids)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_landscape(data, out)
-    write_scale(data, out)
-    write_targets(target_peaks(runs, data), out)
-    write_rules(rule_peaks(runs), data, out)
-    write_estimators(estimator_pairs(runs), out)
+    rep, info, cells = Report(), fixed_alpha_info(runs), cell_info(runs)
+    write_landscape(data, info, out, rep)
+    write_targets(target_peaks(runs, data), info, cells, out, rep)
+    write_scale(data, out, rep)
+    write_rules(rule_peaks(runs), data, cells, info, out, rep)
+    write_estimators(estimator_pairs(runs), data, out, rep)
+    write_update0(runs, rep)
+    write_summary(runs, rep)
     write_samples(last_samples(runs), out)
+    for path in args.mark_blank:
+        mark_blank_panels(Path(path))
+    write_verdicts(rep, out)
+    fill_readme(out / "README.md", rep)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ from fpo_utils.envs import make_envs, resolve_backend
 from fpo_utils.runfolder import NonFiniteLoss, RunError
 from fpo_utils.settings import check_literals
 
-STAT_KEYS = ("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm")  # a step's row
-TAGS = {k: f"losses/{k}" for k in STAT_KEYS + ("lr", "minibatch_steps")}  # TensorBoard groups
+# A minibatch step's row; ``skipped``: its loss or gradient was not finite, so it changed nothing.
+STAT_KEYS = ("pg_loss", "v_loss", "ratio_mean", "ratio_min", "ratio_max", "clipfrac", "grad_norm", "skipped")
+TAGS = {k: f"losses/{k}" for k in STAT_KEYS[:-1] + ("lr", "minibatch_steps", "skipped_steps")}  # TensorBoard
 EPISODE_KEYS = ("episodic_return", "episodic_length", "episodes", "action_abs_mean", "action_abs_max")
 
 
@@ -54,14 +55,17 @@ def episode_stats(ep: torch.Tensor, x: torch.Tensor) -> dict:
 
 
 def update_stats(table: torch.Tensor, update: int) -> dict:
-    """Means of the (steps, STAT_KEYS) table, the ratio's extremes; a non-finite loss or gradient raises
-    :class:`NonFiniteLoss`."""
+    """Means of the (steps, STAT_KEYS) table over the steps taken, the ratio's extremes, and how many steps were
+    skipped (non-finite loss or gradient). :class:`NonFiniteLoss` when every step was skipped (or a step taken had a
+    non-finite loss). A gradient norm that overflows float32 while every gradient is finite averages to inf."""
     stats = table.cpu().numpy().astype(np.float64)  # the update's one host read
-    if not np.isfinite(stats[:, [0, 1, 6]]).all():
-        what = "loss" if not np.isfinite(stats[:, :2]).all() else "gradient norm"
-        raise NonFiniteLoss(f"non-finite {what} at update {update + 1}")
-    out = {"minibatch_steps": stats.shape[0], **{k: float(stats[:, c].mean()) for c, k in enumerate(STAT_KEYS)}}
-    out["ratio_min"], out["ratio_max"] = float(stats[:, 3].min()), float(stats[:, 4].max())
+    skipped = stats[:, 7] > 0
+    taken = stats[~skipped]
+    if skipped.all() or not np.isfinite(taken[:, :2]).all():
+        raise NonFiniteLoss(f"non-finite loss at update {update + 1}")
+    out = {"minibatch_steps": stats.shape[0], **{k: float(taken[:, c].mean()) for c, k in enumerate(STAT_KEYS[:-1])}}
+    out["ratio_min"], out["ratio_max"] = float(taken[:, 3].min()), float(taken[:, 4].max())
+    out["skipped_steps"] = int(skipped.sum())
     return out
 
 

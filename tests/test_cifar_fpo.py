@@ -387,6 +387,7 @@ def test_end_to_end_outputs(tiny_model, tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"charts/val_reward", "charts/train_reward", "losses/loss", "losses/clip_frac"} <= tags
+    assert {"charts/val_div_cos", "charts/val_div_classes"} <= tags  # sample diversity (tests/test_diversity.py)
     assert [e.step for e in events.Scalars("charts/val_reward")] == [0, 2, 4]
     assert [round(e.value, 6) for e in events.Scalars("charts/val_reward")] == [round(v["val_reward"], 6) for v in vals]
     assert (folder / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -132,6 +132,20 @@ def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device, monkeypa
     assert [s["run_name"] for s in summaries] == list(RUNS)
     for name in RUNS:
         assert_same_folder(tmp_path / "alone" / name, tmp_path / "packed" / name)
+        assert_same_diversity(tmp_path / "alone" / name, tmp_path / "packed" / name)
+
+
+def assert_same_diversity(alone: Path, packed: Path):
+    """Each packed run logs the sample diversity of its own validation images, as it does alone: the
+    distinct classes exactly, the cosine distance within float32 rounding, and the same values at the peak."""
+    rows = [[r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "validation"] for d in (alone, packed)]
+    keys = ("val_div_cos", "val_div_classes")
+    assert rows[0] and all(set(keys) <= r.keys() for r in rows[0] + rows[1]), f"{alone.name}: no diversity"
+    assert [r["val_div_classes"] for r in rows[1]] == [r["val_div_classes"] for r in rows[0]]
+    assert_close([r["val_div_cos"] for r in rows[0]], [r["val_div_cos"] for r in rows[1]], f"{alone.name} div")
+    peak = [json.loads((d / "summary.json").read_text()) for d in (alone, packed)]
+    assert peak[1]["div_classes_at_peak"] == peak[0]["div_classes_at_peak"] is not None
+    assert_close(peak[0]["div_cos_at_peak"], peak[1]["div_cos_at_peak"], f"{alone.name} div at peak")
 
 
 def test_written_out_group_norm_equals_torchs_and_serves_a_pack(tiny_train, tmp_path, monkeypatch):

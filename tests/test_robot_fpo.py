@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 import robot_fpo as R  # noqa: E402
 from fpo_utils import robot_bookkeeping as book  # noqa: E402
 from fpo_utils.envs import make_envs  # noqa: E402
-from fpo_utils.runfolder import RunError, read_jsonl  # noqa: E402
+from fpo_utils.runfolder import NonFiniteLoss, RunError, read_jsonl  # noqa: E402
 from weighting import fpo_weight_at, fpopp_weight  # noqa: E402
 
 GRID = np.arange(1, 11) / 10.0
@@ -230,6 +230,69 @@ def test_the_update_runs_the_weighting_a_reader_edits(tmp_path, monkeypatch):
     stats = R.update(state, batch, args, 0.5)
     assert max(abs(stats["ratio_min"] - 1.0), abs(stats["ratio_max"] - 1.0)) > 1e-4
     assert any(not torch.equal(p, q) for p, q in zip(state.actor.parameters(), actor_before))
+
+
+def tensors_of(opt) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in R.optimiser_tensors(opt)]
+
+
+def test_a_step_with_an_overflowing_ratio_changes_nothing(tmp_path):
+    # exp(D) overflows float32 past D = 88.7: the loss or gradient is not finite. The step leaves parameters and
+    # optimiser state (moments, step count) exactly as they were and says so; a finite step moves them.
+    args = tiny_args(tmp_path)
+    torch.manual_seed(0)
+    state = R.build_state(args, torch.device("cpu"))
+    state.envs.close()
+    obs, x = torch.randn(16, 4), torch.randn(16, 1)
+    t, eps = R.sample_draws(16, 4, 1, "fpo", 0.0, 1.0, "cpu")
+    adv = torch.randn(16)
+
+    def step(shift: float):  # shift: added to D through the old losses
+        l_new = R.draw_losses(state.actor, obs[:, state.obs_actor], x, t, eps, "fpo")
+        loss, ratio, _ = R.fpo_loss(l_new.detach() + shift, l_new, torch.ones_like(t), adv, args.clip_coef)
+        v_loss = (state.critic(obs) ** 2).mean()
+        return R.gradient_step(state, loss, v_loss, ratio, args)
+
+    fresh = tensors_of(state.optimizer)
+    row = step(100.0)  # the very first step overflows: the optimiser state it creates restarts from zero
+    assert row[-1] == 1.0 and not math.isfinite(float(row[0]) + float(row[6]))
+    for a, b in zip(R.optimiser_tensors(state.optimizer), fresh):
+        assert torch.equal(a, b)
+    assert all(not v.any() for p in state.actor.parameters() for v in state.optimizer.state[p].values())
+    assert step(0.0)[-1] == 0.0 and any(not torch.equal(a, b) for a, b in zip(state.actor.parameters(), fresh))
+    before = tensors_of(state.optimizer)
+    for shift in (100.0, float("nan")):
+        assert step(shift)[-1] == 1.0
+        for a, b in zip(R.optimiser_tensors(state.optimizer), before):
+            assert torch.equal(a, b)
+    assert step(80.0)[-1] == 0.0  # exp(80) is finite: taken, as official FPO takes it
+
+
+def test_update_statistics_leave_out_skipped_steps_and_end_when_all_are():
+    row = [0.5, 2.0, 1.0, 0.9, 1.1, 0.1, 3.0, 0.0]
+    bad = [math.inf, 2.0, math.inf, 0.0, math.inf, 0.5, math.nan, 1.0]
+    stats = book.update_stats(torch.tensor([row, bad, row]), 4)
+    assert stats["skipped_steps"] == 1 and stats["minibatch_steps"] == 3
+    assert stats["pg_loss"] == 0.5 and stats["ratio_max"] == pytest.approx(1.1) and stats["grad_norm"] == 3.0
+    with pytest.raises(NonFiniteLoss, match="non-finite loss at update 5"):
+        book.update_stats(torch.tensor([bad, bad]), 4)
+    huge = row[:6] + [math.inf, 0.0]  # finite gradients whose norm overflows: taken, as official FPO takes them
+    assert book.update_stats(torch.tensor([row, huge]), 4)["grad_norm"] == math.inf
+
+
+def test_an_update_with_one_overflowing_action_skips_its_minibatches_and_trains_on(tmp_path):
+    args = tiny_args(tmp_path)
+    torch.manual_seed(0)
+    state = R.build_state(args, torch.device("cpu"))
+    R.reset_envs(state, args.seed)
+    batch = R.collect_rollout(state, args)
+    state.envs.close()
+    batch["l_old"][5] += 200.0  # one stored action's D_i overflows whatever the actor does
+    stats = R.update(state, batch, args, 1.0)
+    assert stats["skipped_steps"] == args.update_epochs  # its minibatch, once per epoch
+    assert stats["minibatch_steps"] == args.update_epochs * args.num_minibatches
+    assert all(math.isfinite(v) for k, v in stats.items())
+    assert all(torch.isfinite(t).all() for t in R.optimiser_tensors(state.optimizer))
 
 
 def test_draw_losses_are_noise_and_velocity_residuals():

@@ -91,7 +91,8 @@ def assert_same_stats(got: dict, want: dict, rel: float, abs_: float, clip_flips
     """The update's statistics; ``clip_flips``: the clip fraction may differ by that much (a ratio within float
     rounding of 1 +- clip_coef counted on the other side)."""
     assert got.keys() == want.keys() and got["minibatch_steps"] == want["minibatch_steps"]
-    for key in book.STAT_KEYS:
+    assert got["skipped_steps"] == want["skipped_steps"]
+    for key in book.STAT_KEYS[:-1]:
         tol = abs_ + (clip_flips if key == "clipfrac" else 0.0)
         assert got[key] == pytest.approx(want[key], rel=rel, abs=tol), key
 
@@ -475,6 +476,26 @@ def test_one_update_equals_the_reference_on_gpu(tmp_path, no_tf32, objective, ga
         assert_same_optimizer(ref, fast, rtol=1e-4, atol=1e-6)
     group = fast.optimizer.param_groups[0]
     assert isinstance(group["lr"], float) and not group["capturable"] and group["fused"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_captured_step_skips_an_overflowing_ratio_as_the_reference_does_on_gpu(tmp_path, no_tf32, fused):
+    # One stored action whose D_i overflows exp: the reference skips its minibatch step (a host-visible where), the
+    # captured graph must skip the same steps on the device, and both train on from the same state.
+    args = gpu_args(tmp_path, objective="fpo", fused=fused)
+    ref, fast = ref_and_fast(args, torch.device("cuda"))
+    batch = reference_batch(ref, fast, args)
+    batch["l_old"][3] += 200.0
+    for k in range(2):
+        torch.manual_seed(k)
+        want = R.update(ref, batch, ref_args(args), 0.5)
+        torch.manual_seed(k)
+        got = F.update(fast, batch, args, 0.5)
+        assert want["skipped_steps"] == args.update_epochs
+        assert_same_stats(got, want, rel=1e-4, abs_=1e-5, clip_flips=one_flip(args))
+        assert_same_networks(ref, fast, rtol=1e-4, atol=1e-5)
+        assert_same_optimizer(ref, fast, rtol=1e-4, atol=1e-6)
 
 
 @needs_cuda

@@ -1,0 +1,102 @@
+"""Reference points for the legged joystick tasks: what an evaluation of a policy that has learned nothing gives.
+
+For each task, the trainer's own evaluation (``robot_fpo.evaluate``: ``--episodes`` environments seeded
+``eval_seed + i``, the mean return of each one's first episode) of
+
+* ``standing``: the action 0 after the squash (tanh(0) = 0), which these tasks map to motor targets at the
+  robot's default ("home") pose: it holds its pose and tracks nothing;
+* ``untrained``: the fpopp-locomotion preset's actor as the trainer builds it (seeded with ``--seed``) before any
+  update, sampled from x0 = 0 (``zero``) and from x0 drawn from ``eval_seed`` (``random``): the trainer's
+  update-0 evaluation;
+
+with the command-tracking errors ``eval_track_lin`` (m/s), ``eval_track_yaw`` (rad/s) and the mean first-episode
+length ``eval_track_len`` (``fpo_utils/legged.py``). Prints a markdown table; ``--out`` also writes JSON.
+Runs on the CPU with envpool; an episode is at most 1,000 steps. Example:
+
+    python benchmarks/legged_baselines.py --tasks SpotFlatTerrainJoystick-v1 --episodes 4 --out /tmp/base.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import robot_fpo as R  # noqa: E402
+from fpo_utils import legged  # noqa: E402
+from fpo_utils import robot_bookkeeping as book  # noqa: E402
+from fpo_utils.envs import env_settings  # noqa: E402
+
+TASKS = ("SpotFlatTerrainJoystick-v1", "Go1JoystickFlatTerrain-v1", "G1JoystickFlatTerrain-v1")
+PRESET = "fpopp-locomotion"
+COLUMNS = ("eval_return", *legged.TRACK_KEYS)
+
+
+def standing(obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
+    """The sampler of the standing policy: x = 0 whatever the observation."""
+    return torch.zeros_like(x0)
+
+
+POLICIES = (("standing", "-", standing), ("untrained", "zero", None), ("untrained", "random", None))  # name, x0
+
+
+def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
+    """The preset's settings for ``task`` on the CPU, one training environment, ``episodes`` evaluation ones."""
+    args = replace(R.PRESETS[PRESET], env_id=task, num_envs=1, eval_episodes=episodes, seed=seed, cuda=False)
+    args = replace(args, env_threads=threads, backend="envpool")
+    return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
+
+
+def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+    """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
+    args = task_args(task, episodes, seed, threads)
+    device = book.seed_and_device(args)  # seeds torch as the trainer does before it builds the networks
+    state = R.build_state(args, device)
+    state.envs.close()
+    envs = book.task_envs(args, args.eval_episodes, args.eval_seed, device)
+    rows = []
+    for policy, init, sample in POLICIES:
+        t0 = time.perf_counter()
+        result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=sample)
+        row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
+        rows.append(dict(row, seconds=round(time.perf_counter() - t0, 2)))
+        print(json.dumps(rows[-1]), flush=True)
+    envs.close()
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["task", "policy", "x0", *COLUMNS, "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        values = [(f"{r[k]:.1f}" if k == "eval_track_len" else f"{r[k]:.3f}") if k in r else "-" for k in COLUMNS]
+        lines.append("| " + " | ".join([r["task"], r["policy"], r["init"], *values, f"{r['seconds']:.1f}"]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), help="envpool ids")
+    parser.add_argument("--episodes", type=int, default=R.PRESETS[PRESET].eval_episodes, help="evaluation episodes")
+    parser.add_argument("--seed", type=int, default=R.PRESETS[PRESET].seed, help="seed of the untrained networks")
+    parser.add_argument("--threads", type=int, default=0, help="envpool threads (0: one per core)")
+    parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
+    opts = parser.parse_args()
+    rows = [r for task in opts.tasks for r in baselines(task, opts.episodes, opts.seed, opts.threads)]
+    table = markdown(rows)
+    print(table)
+    if opts.out:
+        preset = R.PRESETS[PRESET]
+        protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
+        protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
+        Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Command tracking of the legged joystick tasks (fpo_utils/legged.py): the columns against envpool's step info and
+the task's own tracking rewards, closed forms on synthetic arrays, the evaluation of a task without a command left as
+it was, and a tiny Spot run that logs the tracking errors beside eval_return."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_robot_fpo import strip_time, tiny_args  # noqa: E402
+
+import robot_fpo as R  # noqa: E402
+from fpo_utils import legged  # noqa: E402
+from fpo_utils import robot_bookkeeping as book  # noqa: E402
+from fpo_utils.env_layout import ObsRoute, route_obs  # noqa: E402
+from fpo_utils.envs import envpool_ids, normalize_obs  # noqa: E402
+from fpo_utils.runfolder import read_jsonl  # noqa: E402
+
+SPOT = "SpotFlatTerrainJoystick-v1"
+# Playground's reward scales of the two tracking terms (info holds scale * exp(-error^2 / sigma)), sigma = 0.25.
+SCALES = {SPOT: (1.5, 0.8), "Go1JoystickFlatTerrain-v1": (1.0, 0.5), "G1JoystickFlatTerrain-v1": (1.0, 0.75)}
+CPU = torch.device("cpu")
+
+
+def needs_task(env_id: str) -> None:
+    if env_id not in envpool_ids():
+        pytest.skip(f"envpool (with its Playground ports) is not installed here, so {env_id} cannot be made")
+
+
+def spot_route(actor: str = "", critic: str = "") -> ObsRoute:
+    import envpool
+
+    return route_obs(envpool.make_spec(SPOT).observation_space, SPOT, actor, critic)
+
+
+# ---------------------------------------------------------------------------- closed forms
+def test_errors_are_zero_when_the_velocity_is_the_command_and_follow_the_closed_form():
+    cmd = torch.tensor([[0.5, -0.3, 0.7], [3.0, 4.0, -1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    lin, yaw = legged.tracking_errors(cmd, cmd.clone())
+    assert lin.tolist() == [0.0, 0.0, 0.0] and yaw.tolist() == [0.0, 0.0, 0.0]
+    lin, yaw = legged.tracking_errors(cmd, torch.zeros_like(cmd))
+    torch.testing.assert_close(lin, torch.tensor([np.hypot(0.5, 0.3), 5.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(yaw, torch.tensor([0.7, 1.0, 0.0], dtype=torch.float64))
+
+
+def test_tracker_averages_over_alive_steps_only():
+    # A fake task laid out as Go1, privileged_state after state (48): the command at 48 + 45 (privileged_state
+    # starts with a copy of state), the gyro at 48 + 48, the linear velocity at 48 + 57.
+    route = ObsRoute({"privileged_state": 123, "state": 48}, ("state",), ("privileged_state",))
+    envs = SimpleNamespace(env_id="Go1JoystickFlatTerrain-v1", route=route, num_envs=2)
+    cols = legged.tracking_columns(envs)
+    assert cols == [93, 94, 95, 105, 106, 98]
+    tracker = legged.Tracker.of(envs)
+    obs = torch.zeros(2, route.obs_dim)
+    obs[:, 93:96] = torch.tensor([[3.0, 4.0, 2.0], [1.0, 0.0, 0.0]])  # errors (5, 2) and (1, 0) against v = 0
+    tracker.add(obs, torch.tensor([True, True]))
+    obs[0, 93:96] = 100.0  # environment 0 has finished: this step is not counted
+    tracker.add(obs, torch.tensor([False, True]))
+    m = tracker.metrics()
+    assert m == {"eval_track_lin": (5 + 1 + 1) / 3, "eval_track_yaw": 2 / 3, "eval_track_len": 1.5}
+    assert legged.eval_row(legged.eval_result(7.0, tracker), "_random") == {
+        "eval_return_random": 7.0,
+        **{f"{k}_random": v for k, v in m.items()},
+    }
+
+
+def test_columns_follow_the_routing_and_none_without_a_command_or_privileged_state():
+    pytest.importorskip("envpool")
+    needs_task(SPOT)
+    default = spot_route()  # state (81) then privileged_state (167)
+    assert legged.tracking_columns(SimpleNamespace(env_id=SPOT, route=default)) == [159, 160, 161, 171, 172, 164]
+    swapped = spot_route("privileged_state", "state")
+    assert legged.tracking_columns(SimpleNamespace(env_id=SPOT, route=swapped)) == [78, 79, 80, 90, 91, 83]
+    alias = SimpleNamespace(env_name="MuJoCoPlayground/" + SPOT, route=default)  # Playground's attribute name
+    assert legged.tracking_columns(alias) == [159, 160, 161, 171, 172, 164]
+    assert legged.tracking_columns(SimpleNamespace(env_id=SPOT, route=spot_route("state", "state"))) is None
+    assert legged.tracking_columns(SimpleNamespace(env_id="CartpoleSwingup-v1", route=ObsRoute(flat_dim=5))) is None
+    assert legged.command_velocity(SimpleNamespace(env_id="Walker2d-v5", route=default), torch.zeros(1, 9)) is None
+
+
+# ---------------------------------------------------------------------------- against envpool's step info
+@pytest.mark.parametrize("env_id", list(SCALES))
+def test_extraction_matches_envpool_info_and_the_tasks_tracking_rewards(env_id):
+    pytest.importorskip("envpool")
+    needs_task(env_id)
+    import envpool
+
+    pool = envpool.make_gymnasium(env_id, num_envs=3, seed=5, num_threads=1)
+    envs = SimpleNamespace(env_id=env_id, route=route_obs(pool.observation_space, env_id))
+    rng = np.random.default_rng(0)
+    pool.reset()
+    checked = 0
+    for _ in range(12):  # small actions: no robot falls this soon, so every step is a live one
+        obs, _, term, trunc, info = pool.step(0.2 * rng.uniform(-1, 1, (3, *pool.action_space.shape)))
+        assert not (term | trunc).any()
+        cmd, vel = legged.command_velocity(envs, torch.as_tensor(envs.route.flatten(obs)))
+        np.testing.assert_array_equal(cmd.numpy(), info["command"].astype(np.float32))
+        lin, yaw = legged.tracking_errors(cmd, vel)
+        # By hand from the raw privileged_state: Playground's layout (velocity after the state copy's 81 + 9 columns
+        # for Spot).
+        if env_id == SPOT:
+            p = obs["privileged_state"].astype(np.float32).astype(np.float64)
+            c = info["command"].astype(np.float32).astype(np.float64)
+            np.testing.assert_allclose(lin.numpy(), np.hypot(*(c[:, :2] - p[:, 90:92]).T), rtol=0, atol=1e-12)
+            np.testing.assert_allclose(yaw.numpy(), np.abs(c[:, 2] - p[:, 83]), rtol=0, atol=1e-12)
+        w_lin, w_yaw = SCALES[env_id]  # the task's rewards from the same errors (float32 observations: ~1e-6)
+        rewards = w_lin * np.exp(-(lin.numpy() ** 2) / 0.25), w_yaw * np.exp(-(yaw.numpy() ** 2) / 0.25)
+        np.testing.assert_allclose(rewards[0], info["reward_tracking_lin_vel"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(rewards[1], info["reward_tracking_ang_vel"], rtol=0, atol=1e-5)
+        checked += 1
+    pool.close()
+    assert checked == 12
+
+
+# ---------------------------------------------------------------------------- tasks without a command
+def evaluate_before(state, envs, args, init: str) -> float:
+    """robot_fpo.evaluate as it was before the tracking errors (the reference for the unchanged behaviour)."""
+    gen = torch.Generator(device="cpu").manual_seed(args.eval_seed)
+    sample = (state.ema if state.ema is not None else state.actor).sample
+    obs, n, d = envs.reset(args.eval_seed), envs.num_envs, envs.act_dim
+    total, finished = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
+    while not bool(finished.all()):
+        o = normalize_obs(obs.to(state.device), state.obs_rms)
+        x0 = (torch.zeros(n, d) if init == "zero" else torch.randn(n, d, generator=gen)).to(state.device)
+        x = sample(o[:, state.obs_actor], x0, args.flow_steps).to(state.device)
+        obs, reward, term, trunc, _ = envs.step(R.squash(x, args.action_squash))
+        total += torch.where(finished, 0.0, reward.cpu().double())
+        finished |= (term | trunc).cpu()
+    return float(total.mean())
+
+
+def test_evaluate_without_a_command_returns_the_same_plain_float(tmp_path):
+    args = tiny_args(tmp_path, objective="fpopp")
+    torch.manual_seed(args.seed)
+    state = R.build_state(args, CPU)
+    envs = book.task_envs(args, args.eval_episodes, args.eval_seed, CPU)
+    for init in ("zero", "random"):
+        got, want = R.evaluate(state, envs, args, init), evaluate_before(state, envs, args, init)
+        assert type(got) is float and got == want
+        assert legged.eval_row(got) == {"eval_return": want}
+    envs.close()
+    state.envs.close()
+
+
+def test_a_run_without_a_command_logs_what_it_did_before(tmp_path):
+    args = tiny_args(tmp_path, objective="fpopp", num_updates=2, eval_every=1)
+    R.main(replace(args, run_name="now"))
+    R.main(replace(args, run_name="before"), evaluator=evaluate_before)
+    now, before = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("now", "before"))
+    assert strip_time(now) == strip_time(before)
+    assert [list(r) for r in now] == [list(r) for r in before]  # the same keys in the same order
+    assert list(now[0]) == ["update", "global_step", "alpha", "eval_return", "eval_return_random"]
+    assert not any(k.startswith("eval_track") for r in now for k in r)
+
+
+# ---------------------------------------------------------------------------- a tiny Spot run
+def test_tiny_spot_run_logs_tracking_errors_beside_eval_return(tmp_path):
+    pytest.importorskip("envpool")
+    needs_task(SPOT)  # one evaluation episode is 1,000 steps: ~3 s on one CPU core with these networks
+    tiny = dict(num_envs=2, num_steps=4, num_minibatches=1, update_epochs=1, num_draws=2, flow_steps=2)
+    nets = dict(actor_hidden=16, critic_hidden=16, critic_layers=1)
+    where = dict(cuda=False, torch_threads=1, env_threads=1, runs_dir=str(tmp_path), run_name="spot")
+    args = replace(R.PRESETS["fpopp-locomotion"], **tiny, **nets, **where, num_updates=1, eval_episodes=1)
+    R.main(args)
+    rows = read_jsonl(tmp_path / "spot" / "metrics.jsonl")
+    evals = [r for r in rows if "eval_return" in r]
+    assert [r["update"] for r in evals] == [0, 1]
+    for r in evals:
+        for suffix in ("", "_random"):
+            lin, yaw, length = (r[f"{k}{suffix}"] for k in legged.TRACK_KEYS)
+            assert 0.0 <= lin < 5.0 and 0.0 <= yaw < 5.0 and 1.0 <= length <= 1000.0
+    keys = list(evals[0])
+    assert keys[keys.index("eval_return") :] == ["eval_return", *legged.TRACK_KEYS, "eval_return_random"] + [
+        f"{k}_random" for k in legged.TRACK_KEYS
+    ]
+    assert json.loads((tmp_path / "spot" / "summary.json").read_text())["status"] == "finished"
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "spot")).Reload()
+    assert {"charts/eval_return", "charts/eval_track_lin", "charts/eval_track_yaw"} <= set(acc.Tags()["scalars"])
+
+
+def test_the_fast_variant_evaluates_the_same_tracking_errors():
+    pytest.importorskip("envpool")
+    needs_task(SPOT)
+    import robot_fpo_fast as F
+
+    tiny = dict(num_envs=1, eval_episodes=1, flow_steps=2, actor_hidden=16, critic_hidden=16, critic_layers=1)
+    args = replace(R.PRESETS["fpopp-locomotion"], **tiny, cuda=False, torch_threads=1, env_threads=1)
+    fast_args = F.Args(**asdict(args))
+    torch.manual_seed(args.seed)
+    state = F.build_state(fast_args, CPU)  # on the CPU: the NumPy sampler, checked against the actor's
+    envs = book.task_envs(args, 1, args.eval_seed, CPU)
+    fast, ref = F.evaluate(state, envs, fast_args, "zero"), R.evaluate(state, envs, args, "zero")
+    assert set(fast.metrics) == set(ref.metrics) == set(legged.TRACK_KEYS)
+    for k in legged.TRACK_KEYS:  # the samplers agree to float32 rounding; a fallen robot would differ by far more
+        assert fast.metrics[k] == pytest.approx(ref.metrics[k], rel=1e-3, abs=1e-3)
+    envs.close()
+    state.envs.close()
+
+
+def test_the_playground_backend_gives_the_same_columns():
+    """Go1 on the Playground backend (CPU JAX; the shape of tests/test_playground_env.py's Go1, so one compile serves
+    both): the command columns equal the task's own command and the errors give its tracking rewards."""
+    pytest.importorskip("mujoco_playground")
+    from fpo_utils.playground_env import PlaygroundVecEnv, menagerie_for
+    from fpo_utils.runfolder import RunError
+
+    try:
+        menagerie_for("Go1JoystickFlatTerrain")
+    except RunError as err:
+        pytest.skip(str(err))
+    envs = PlaygroundVecEnv("Go1JoystickFlatTerrain", 4, seed=0, device=CPU, episode_length=5, physics="auto")
+    envs.reset(3)
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # within the 5-step episodes: no reset
+        _, _, _, _, info = envs.step(torch.tensor(0.2 * rng.uniform(-1, 1, (4, 12)), dtype=torch.float32))
+        inner = envs._unpack_state(envs._state)  # the task's state after the step
+        cmd, vel = legged.command_velocity(envs, info["final_obs"])
+        np.testing.assert_array_equal(cmd.numpy(), np.asarray(inner.info["command"]))
+        lin, yaw = legged.tracking_errors(cmd, vel)
+        metrics = {k: np.asarray(v) for k, v in inner.metrics.items()}  # Go1's scales: 1.0 and 0.5
+        rewards = np.exp(-(lin.numpy() ** 2) / 0.25), 0.5 * np.exp(-(yaw.numpy() ** 2) / 0.25)
+        np.testing.assert_allclose(rewards[0], metrics["reward/tracking_lin_vel"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(rewards[1], metrics["reward/tracking_ang_vel"], rtol=0, atol=1e-6)
+    envs.close()
