@@ -37,7 +37,7 @@ from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are th
     save_unet,
     velocity,
 )
-from rewards import make_diversity_features, make_reward, sample_diversity
+from rewards import diversity_row, make_diversity_features, make_reward
 from weighting import WeightingRule, coherence_moments, draw_multipliers, sample_bin_times
 
 
@@ -487,17 +487,6 @@ def validate(run: Run, chunk: Optional[int] = None) -> Tuple[float, torch.Tensor
         if not images:
             images.append(x[:64].cpu())
     return float(torch.cat(rewards).mean()), images[0], diversity_row(feats)
-
-
-def diversity_row(feats: List[Any]) -> Dict[str, float]:
-    """Sample diversity of one validation node from each chunk's (features, classes) (`rewards.sample_diversity`):
-    `val_div_cos`, the mean pairwise cosine distance of the SimCLR features of all its images, and
-    `val_div_classes`, how many distinct CIFAR-10 classes the classifier predicts for them (empty without
-    a diversity model, `feats` empty)."""
-    if not feats:
-        return {}
-    cos, classes = sample_diversity(torch.cat([f for f, _ in feats]), torch.cat([c for _, c in feats]))
-    return {"val_div_cos": cos, "val_div_classes": classes}
 
 
 def should_stop(history: List[Dict[str, float]], args: Args) -> Optional[str]:

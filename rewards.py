@@ -737,3 +737,14 @@ def sample_diversity(features: torch.Tensor, classes: torch.Tensor) -> tuple[flo
     """(mean pairwise SimCLR cosine distance, number of distinct predicted classes) of a set of
     images, from the two outputs of ``make_diversity_features`` over all of them."""
     return float(mean_pairwise_cosine_distance(features)), int(torch.unique(classes).numel())
+
+
+def diversity_row(feats: list) -> dict:
+    """Sample diversity of one validation node from each chunk's (features, classes) (`sample_diversity`):
+    `val_div_cos`, the mean pairwise cosine distance of the SimCLR features of all its images, and
+    `val_div_classes`, how many distinct CIFAR-10 classes the classifier predicts for them (empty without
+    a diversity model, `feats` empty)."""
+    if not feats:
+        return {}
+    cos, classes = sample_diversity(torch.cat([f for f, _ in feats]), torch.cat([c for _, c in feats]))
+    return {"val_div_cos": cos, "val_div_classes": classes}

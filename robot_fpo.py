@@ -302,11 +302,6 @@ def reset_envs(state: State, seed: int) -> None:  # fresh episodes everywhere, s
     state.ret_acc.zero_()
 
 
-def chunks(n: int, size: int = 65536) -> list[slice]:
-    """Row slices for no-grad passes over a whole batch (983,040 rows x draws at the fpo preset)."""
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
 def unrolls(a: torch.Tensor, T: int, k: int) -> torch.Tensor:
     """Rows (T * n, ...) in time-major order -> (n * T / k, k, ...): unrolls of k steps of one environment."""
     a = a.reshape(T // k, k, -1, *a.shape[1:])
@@ -361,7 +356,7 @@ def make_batch(state: State, args: Args, obs_buf, x_buf, final_buf, rew_buf, ter
     # The old per-draw losses, once for the batch, with the rollout's (unchanged) policy.
     t, eps = sample_draws(T * n, args.num_draws, d, args.objective, args.t_min, args.t_max, dev)
     l_old = torch.cat(
-        [draw_losses(actor, flat_obs[s, cols], flat_x[s], t[s], eps[s], args.objective) for s in chunks(T * n)]
+        [draw_losses(actor, flat_obs[s, cols], flat_x[s], t[s], eps[s], args.objective) for s in book.chunks(T * n)]
     )
     if args.obs_stats == "update" and rms is not None:  # official FPO: new statistics from this rollout's
         mean, std = rms.mean.clone(), rms.var.sqrt()  # observations, then every stored one renormalised with them
@@ -370,9 +365,9 @@ def make_batch(state: State, args: Args, obs_buf, x_buf, final_buf, rew_buf, ter
         flat_obs, final_buf = rms.normalize(raw_obs), rms.normalize(raw_final).reshape(T, n, -1)
     batch = {"obs": flat_obs, "x": flat_x, "t": t, "eps": eps, "l_old": l_old}
     if not args.gae_unroll:  # GAE over the rollout with its critic
-        values = torch.cat([critic(flat_obs[s]) for s in chunks(T * n)]).reshape(T, n)
+        values = torch.cat([critic(flat_obs[s]) for s in book.chunks(T * n)]).reshape(T, n)
         next_value = critic(normalize_obs(state.obs, rms))
-        final_v = torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in chunks(T * n)]).reshape(T, n)
+        final_v = torch.cat([critic(final_buf.reshape(T * n, -1)[s]) for s in book.chunks(T * n)]).reshape(T, n)
         boot = args.gamma * trunc_buf * (1 - term_buf) * final_v
         nonterm = 1.0 - torch.maximum(term_buf, trunc_buf)
         delta = rew_buf + boot + args.gamma * torch.cat([values[1:], next_value[None]]) * nonterm - values
@@ -439,32 +434,16 @@ def minibatch_losses(state: State, src: dict, idx: torch.Tensor, args: Args):
     return pg_loss, v_loss, ratio
 
 
-def optimiser_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The parameters, then every tensor of their optimiser state (moments, step counts)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    return params + [v for p in params for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
-
-
 def gradient_step(state: State, pg_loss, v_loss, ratio, args: Args) -> torch.Tensor:
-    """Backward, gradient clip, optimiser step -> the STAT_KEYS row (8,), left on the device.
-    A step whose loss or gradient holds an inf or NaN (``exp`` of the FPO ratio overflows float32 past
-    ``D_i = 88.7``) is skipped: parameters and optimiser state stay as they were, and the row's
-    ``skipped`` is 1. (Official FPO applies such a step, and its actor becomes NaN.) Finite gradients
-    are applied, even where their norm overflows."""
-    opt = state.optimizer
-    params = [p for g in opt.param_groups for p in g["params"]]
-    opt.zero_grad(set_to_none=True)
+    """Backward, gradient clip, optimiser step -> the STAT_KEYS row (8,), left on the device; a step whose loss or
+    gradient is not finite (``exp(D)`` overflows float32 past D = 88.7) is skipped and counted (book.finite_step)."""
+    params = [p for g in state.optimizer.param_groups for p in g["params"]]
+    state.optimizer.zero_grad(set_to_none=True)
     loss = pg_loss + args.vf_coef * v_loss
     loss.backward()
     gn = nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm > 0 else float("inf"), foreach=True)
-    grads = [p.grad for p in params if p.grad is not None]
-    ok = torch.stack([torch.isfinite(g).all() for g in grads] + [torch.isfinite(loss.detach())]).all()
-    with torch.no_grad():  # no host sync: the step is taken, then undone where not ok
-        before = [t.clone() for t in optimiser_tensors(opt)]
-    opt.step()
+    ok = book.finite_step(state.optimizer, loss)
     with torch.no_grad():
-        for i, t in enumerate(optimiser_tensors(opt)):  # state created by a first step restarts from zero
-            t.copy_(torch.where(ok.to(t.device), t, before[i] if i < len(before) else torch.zeros_like(t)))
         r = ratio.detach()
         clipfrac = ((r - 1.0).abs() > args.clip_coef).float().mean()
         row = [pg_loss.detach(), v_loss.detach(), r.mean(), r.min(), r.max(), clipfrac, gn.to(r.dtype), ~ok]
@@ -485,22 +464,20 @@ def update(state: State, batch: dict, args: Args, alpha: float) -> dict:
 
 @torch.no_grad()
 def evaluate(state: State, envs, args: Args, init: str, sample=None) -> float:
-    """Mean first-episode return of the evaluation environments (seeds ``eval_seed + i``) with frozen statistics and
-    the EMA actor if any; ``init`` zero: x0 = 0, random: x0 drawn from ``eval_seed``. (``sample``: robot_fpo_fast.py)
-    A legged joystick task's return also carries its command-tracking errors (``fpo_utils.legged``)."""
+    """Mean first-episode return of the evaluation environments (seeds ``eval_seed + i``), frozen statistics, the EMA
+    actor if any; ``init`` zero: x0 = 0, random: x0 from ``eval_seed``; legged tasks add tracking errors (legged.py)."""
     gen = torch.Generator(device="cpu").manual_seed(args.eval_seed)
     sample = sample or (state.ema if state.ema is not None else state.actor).sample
     obs, n, d = envs.reset(args.eval_seed), envs.num_envs, envs.act_dim
     total, finished = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
-    tracker = legged.Tracker.of(envs)  # None for a task without a command
+    tracker = legged.Tracker.of(envs)  # records nothing for a task without a command
     while not bool(finished.all()):
         o = normalize_obs(obs.to(state.device), state.obs_rms)
         x0 = (torch.zeros(n, d) if init == "zero" else torch.randn(n, d, generator=gen)).to(state.device)
         x = sample(o[:, state.obs_actor], x0, args.flow_steps).to(state.device)
         obs, reward, term, trunc, info = envs.step(squash(x, args.action_squash))
         total += torch.where(finished, 0.0, reward.cpu().double())
-        if tracker is not None:
-            tracker.add(info["final_obs"], ~finished)
+        tracker.add(info["final_obs"], ~finished)
         finished |= (term | trunc).cpu()
     return legged.eval_result(float(total.mean()), tracker)
 
@@ -560,8 +537,7 @@ def main(
             curve[0].append(state.global_step), curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
             at = f"update={state.update} step={state.global_step}"
-            track = "".join(f" {k}={row[k]:.3f}" for k in legged.TRACK_KEYS[:2] if k in row)
-            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}{track}")
+            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
 
         restored = rf.resuming and book.load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
         if not restored:  # fresh episodes everywhere, seeded from (seed, update)

@@ -71,24 +71,27 @@ def tracking_errors(command: torch.Tensor, velocity: torch.Tensor) -> tuple[torc
 class Tracker:
     """Sums of the tracking errors over the steps of the episodes still running, for one evaluation."""
 
-    def __init__(self, cols: list[int], num_envs: int):
+    def __init__(self, cols: list[int] | None, num_envs: int):
         self.cols, self.num_envs = cols, num_envs
         self.sums = torch.zeros(3, dtype=torch.float64)  # lin, yaw, steps
 
     @classmethod
-    def of(cls, envs) -> Tracker | None:
-        """A tracker for ``envs``' task, None when it has no command."""
-        cols = tracking_columns(envs)
-        return None if cols is None else cls(cols, envs.num_envs)
+    def of(cls, envs) -> Tracker:
+        """A tracker for ``envs``' task; for a task without a command it records nothing."""
+        return cls(tracking_columns(envs), envs.num_envs)
 
     def add(self, obs: torch.Tensor, alive: torch.Tensor) -> None:
         """Add a step's errors where ``alive`` (a CPU bool [N]); ``obs`` the observation the step produced."""
+        if self.cols is None:
+            return
         sel = obs[:, self.cols].cpu().double()
         lin, yaw = tracking_errors(sel[:, :3], sel[:, 3:])
         w = alive.double()
         self.sums += torch.stack([lin @ w, yaw @ w, w.sum()])
 
     def metrics(self) -> dict:
+        if self.cols is None:
+            return {}
         lin, yaw, steps = self.sums.tolist()
         n = max(steps, 1.0)
         return {"eval_track_lin": lin / n, "eval_track_yaw": yaw / n, "eval_track_len": steps / self.num_envs}
@@ -106,8 +109,9 @@ class EvalReturn(float):
 
 
 def eval_result(total: float, tracker: Tracker | None) -> float:
-    """``total`` as a plain float without a tracker, else as :class:`EvalReturn` with the tracker's metrics."""
-    return float(total) if tracker is None else EvalReturn(total, tracker.metrics())
+    """``total`` as a plain float for a task without a command, else as :class:`EvalReturn` with the metrics."""
+    metrics = tracker.metrics() if tracker is not None else {}
+    return EvalReturn(total, metrics) if metrics else float(total)
 
 
 def eval_row(result: float, suffix: str = "") -> dict:

@@ -54,6 +54,31 @@ def episode_stats(ep: torch.Tensor, x: torch.Tensor) -> dict:
     }
 
 
+def chunks(n: int, size: int = 65536) -> list[slice]:
+    """Row slices for no-grad passes over a whole batch (983,040 rows x draws at the fpo preset)."""
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def optimiser_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters, then every tensor of their optimiser state (moments, step counts)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return params + [v for p in params for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
+
+
+def finite_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """``optimizer.step()`` where ``loss`` and every gradient are finite, else nothing: the step is taken, then undone
+    with ``torch.where`` (no host sync, so a captured CUDA graph skips alike); optimiser state that a skipped first
+    step creates restarts from zero. Finite gradients are applied even where their norm overflows. Returns ``ok``."""
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    ok = torch.stack([torch.isfinite(g).all() for g in grads] + [torch.isfinite(loss.detach())]).all()
+    with torch.no_grad():
+        before = [t.clone() for t in optimiser_tensors(optimizer)]
+        optimizer.step()
+        for i, t in enumerate(optimiser_tensors(optimizer)):
+            t.copy_(torch.where(ok.to(t.device), t, before[i] if i < len(before) else torch.zeros_like(t)))
+    return ok
+
+
 def update_stats(table: torch.Tensor, update: int) -> dict:
     """Means of the (steps, STAT_KEYS) table over the steps taken, the ratio's extremes, and how many steps were
     skipped (non-finite loss or gradient). :class:`NonFiniteLoss` when every step was skipped (or a step taken had a

@@ -233,7 +233,7 @@ def test_the_update_runs_the_weighting_a_reader_edits(tmp_path, monkeypatch):
 
 
 def tensors_of(opt) -> list[torch.Tensor]:
-    return [t.detach().clone() for t in R.optimiser_tensors(opt)]
+    return [t.detach().clone() for t in book.optimiser_tensors(opt)]
 
 
 def test_a_step_with_an_overflowing_ratio_changes_nothing(tmp_path):
@@ -256,14 +256,14 @@ def test_a_step_with_an_overflowing_ratio_changes_nothing(tmp_path):
     fresh = tensors_of(state.optimizer)
     row = step(100.0)  # the very first step overflows: the optimiser state it creates restarts from zero
     assert row[-1] == 1.0 and not math.isfinite(float(row[0]) + float(row[6]))
-    for a, b in zip(R.optimiser_tensors(state.optimizer), fresh):
+    for a, b in zip(book.optimiser_tensors(state.optimizer), fresh):
         assert torch.equal(a, b)
     assert all(not v.any() for p in state.actor.parameters() for v in state.optimizer.state[p].values())
     assert step(0.0)[-1] == 0.0 and any(not torch.equal(a, b) for a, b in zip(state.actor.parameters(), fresh))
     before = tensors_of(state.optimizer)
     for shift in (100.0, float("nan")):
         assert step(shift)[-1] == 1.0
-        for a, b in zip(R.optimiser_tensors(state.optimizer), before):
+        for a, b in zip(book.optimiser_tensors(state.optimizer), before):
             assert torch.equal(a, b)
     assert step(80.0)[-1] == 0.0  # exp(80) is finite: taken, as official FPO takes it
 
@@ -292,7 +292,7 @@ def test_an_update_with_one_overflowing_action_skips_its_minibatches_and_trains_
     assert stats["skipped_steps"] == args.update_epochs  # its minibatch, once per epoch
     assert stats["minibatch_steps"] == args.update_epochs * args.num_minibatches
     assert all(math.isfinite(v) for k, v in stats.items())
-    assert all(torch.isfinite(t).all() for t in R.optimiser_tensors(state.optimizer))
+    assert all(torch.isfinite(t).all() for t in book.optimiser_tensors(state.optimizer))
 
 
 def test_draw_losses_are_noise_and_velocity_residuals():
