@@ -144,15 +144,18 @@ def run_info(path: Path, run: dict) -> Dict[str, object]:
     return info
 
 
+def in_fixed_family(run: Dict) -> bool:
+    """A run of the fixed alpha family (q+a, the x0 target) that has a peak."""
+    s = run["settings"]
+    fixed = s.get("weighting") == "fixed" and not s.get("target") and s.get("estimator", "q+a") == "q+a"
+    return fixed and run.get("peak") is not None
+
+
 def fixed_alpha_info(runs: Runs) -> Dict[str, Dict[float, Dict[float, Dict[int, Dict[str, object]]]]]:
     """reward -> g -> alpha -> seed -> run_info, over the runs fixed_alpha_peaks takes."""
     out: Dict[str, Dict[float, Dict[float, Dict[int, Dict[str, object]]]]] = {}
-    for path, run in runs:
+    for path, run in filter(lambda pr: in_fixed_family(pr[1]), runs):
         s = run["settings"]
-        if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
-            continue
-        if run.get("peak") is None:
-            continue
         by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
         by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = run_info(path, run)
     return out
@@ -181,12 +184,8 @@ def fixed_alpha_peaks(runs: Runs) -> Peaks:
     """reward -> g -> alpha -> seed -> per-run peak, over the runs of the fixed alpha family (q+a) that
     have a peak."""
     out: Peaks = {}
-    for _, run in runs:
+    for _, run in filter(lambda pr: in_fixed_family(pr[1]), runs):
         s = run["settings"]
-        if s.get("weighting") != "fixed" or s.get("target") or s.get("estimator", "q+a") != "q+a":
-            continue
-        if run.get("peak") is None:
-            continue
         by_alpha = out.setdefault(run["task"], {}).setdefault(float(s.get("g", 1.0)), {})
         by_alpha.setdefault(float(s["alpha"]), {})[int(run["seed"])] = float(run["peak"])
     return out
