@@ -17,7 +17,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
@@ -651,7 +651,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
 def open_folder(args: Args) -> RunFolder:
     """The run folder of resolved `args`: a fresh one, or the folder `--resume` continues."""
     tracking = subset(args, "track", "wandb_project_name", "wandb_entity")
-    return RunFolder(args.runs_dir, args.run_name, asdict(args), resume=args.resume, may_change=MAY_CHANGE, **tracking)
+    return RunFolder(args.runs_dir, args.run_name, args, resume=args.resume, may_change=MAY_CHANGE, **tracking)
 
 
 def start(args: Args, rf: RunFolder) -> Run:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -138,9 +138,9 @@ PRESETS = {
     ),
 }
 # Official FPO++ Spot velocity task (app:robotics): FPO++ defaults, 32 epochs, 32 draws, value coef .5, actor 3 x 256,
-# critic 3 x 768, 1,500 updates of 4,096 envs x 24 steps; here 1,024 x 96 (the same 98,304 steps, for 16 CPU cores).
+# critic 3 x 768, 1,500 updates of 4,096 envs x 24 steps (until Nov 2026 here 1,024 x 96: the same 98,304 steps).
 PRESETS["fpopp-locomotion"] = replace(
-    PRESETS["fpopp"], preset="fpopp-locomotion", env_id="SpotFlatTerrainJoystick-v1", num_envs=1024, num_steps=96,
+    PRESETS["fpopp"], preset="fpopp-locomotion", env_id="SpotFlatTerrainJoystick-v1", num_envs=4096, num_steps=24,
     update_epochs=32, total_timesteps=1500 * 4096 * 24, num_draws=32, vf_coef=0.5, actor_hidden=256, critic_hidden=768,
     critic_layers=3, critic_act="silu", eval_every=50, eval_episodes=10,
 )
@@ -517,7 +517,7 @@ def main(
     num_updates = args.num_updates or max(1, args.total_timesteps // batch_size)
     ckpt_every = args.checkpoint_every or args.eval_every
     eval_init = args.eval_init if args.eval_init != "native" else ("random" if args.objective == "fpo" else "zero")
-    rf = RunFolder(args.runs_dir, book.default_run_name(args), asdict(args), args.resume, may_change, args.track)
+    rf = RunFolder(args.runs_dir, book.default_run_name(args), args, args.resume, may_change, args.track)
     device = book.seed_and_device(args)  # seeds torch and numpy; threads, TF32, the device
     with rf:
         state = build(args, device)

@@ -13,7 +13,9 @@ It imports the reference's flags, networks, losses, GAE and loop (``robot_fpo.ma
 Each sampler is checked against ``FlowActor.sample`` on a probe batch at setup and a mismatch stops the run with one
 line, so an edit to the reference's actor that a fast path cannot mirror is never trained silently. Tests:
 tests/test_robot_fpo_fast.py (one update and one rollout equal the reference's). Flags: robot_fpo.py's, plus the
-four below; the ``fpo`` preset turns them all on.
+five below. The ``fpo`` preset turns on the first four, ``fpopp-locomotion`` compiled losses. ``--bf16`` is the one
+flag that changes the numbers (the trained actor's products in bfloat16; its update lands within bfloat16 rounding
+of the float32 one, tested): it is never a preset's default.
 
     python robot_fpo_fast.py --preset fpo --backend playground --env-id WalkerRun --alpha-eps 0.5
 """
@@ -39,11 +41,13 @@ class Args(R.Args):
     compile: bool = False  # with the captured minibatch step, ``torch.compile`` its losses first (fpo preset)
     fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo preset)
     scan_rollout: bool = False  # Playground: the rollout's steps as one JAX scan with a JAX sampler (fpo preset)
+    bf16: bool = False  # on CUDA, the trained actor's products in bfloat16 (autocast); its output and losses float32
 
 
 PRESETS = {name: Args(**asdict(preset)) for name, preset in R.PRESETS.items()}
 PRESETS["fpo"] = Args(**{**asdict(R.PRESETS["fpo"]), "compile": True, "fused": True, "scan_rollout": True})
-MAY_CHANGE = R.MAY_CHANGE + ("cuda_graph", "compile", "fused", "scan_rollout")
+PRESETS["fpopp-locomotion"] = Args(**{**asdict(R.PRESETS["fpopp-locomotion"]), "compile": True})
+MAY_CHANGE = R.MAY_CHANGE + ("cuda_graph", "compile", "fused", "scan_rollout")  # bf16 changes the numbers: fixed
 
 
 @dataclass
@@ -71,6 +75,10 @@ def build_state(args: Args, device: torch.device) -> State:
         kw = dict(lr=g["lr"], eps=g["eps"], weight_decay=g["weight_decay"])
         state.optimizer = torch.optim.AdamW(params, **kw, fused=True)
     obs_dim, evaluated = state.envs.route.actor_dim, state.ema if state.ema is not None else actor
+    if args.bf16 and (not cuda or args.fused and not why_not_fused(actor)):
+        raise RunError("--bf16 needs CUDA and torch's actor (--no-fused): the Triton kernels compute in float32")
+    if args.bf16:  # one function everywhere the trained actor runs: rollout, old losses, update
+        actor.forward = partial(bf16_forward, actor)
     if args.fused and cuda and why_not_fused(actor):
         print(f"--fused: the actor keeps torch's forward and sampler ({why_not_fused(actor)})", flush=True)
     elif args.fused and cuda:  # Triton kernels for the same function, checked on a probe batch
@@ -95,6 +103,8 @@ def build_state(args: Args, device: torch.device) -> State:
         noise = args.fpopp_action_noise if args.objective == "fpopp" else 0.0
         squash_args = (args.action_squash, args.action_bound, args.reward_scale, noise)
         state.scan = state.envs.scan_rollout(actor, state.obs_rms, state.ret_rms, args.flow_steps, *squash_args)
+    if state.scan is not None and args.bf16:
+        raise RunError("--bf16 needs the per-step rollout (--no-scan-rollout): the JAX sampler computes in float32")
     if state.scan is not None:  # its JAX sampler, probed like the others at full float32 precision
         import jax
 
@@ -112,6 +122,12 @@ def float32_probe(check, *args, **kw):
         return check(*args, **kw)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def bf16_forward(actor, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """FlowActor.forward with its matrix products in bfloat16 (the time embedding and the output in float32)."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return R.FlowActor.forward(actor, obs, x_t, t).float()
 
 
 def check_forward(actor, obs_dim: int, device, tol: float = 1e-4) -> None:

@@ -69,6 +69,10 @@ class BenchArgs:
     """networks on the GPU when one is present (rollout sampler on the GPU, CUDA-graph update)"""
     cuda_graph: bool = True
     """on the GPU, replay the update step as a CUDA graph"""
+    compile: bool | None = None
+    """torch.compile the update's losses (None: the preset's)"""
+    bf16: bool = False
+    """the trained actor's products in bfloat16 (robot_fpo_fast.py --bf16)"""
     json_out: str = ""
     """optional path of a JSON file with the numbers"""
 
@@ -122,6 +126,8 @@ def main(b: BenchArgs) -> dict:
         seed=b.seed,
         cuda=b.cuda,
         cuda_graph=b.cuda_graph,
+        compile=base.compile if b.compile is None else b.compile,
+        bf16=b.bf16,
         **over,
     )
     validate_args(args)
@@ -192,6 +198,8 @@ def main(b: BenchArgs) -> dict:
         "rollout_env_step_s": env_step.total / k,
         "warmup_s": t_warm,
         "cuda_graph": state.graph is not None,
+        "compile": args.compile,
+        "bf16": args.bf16,
     }
     print(json.dumps(out))
     print(

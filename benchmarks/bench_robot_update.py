@@ -1,14 +1,18 @@
 """The fpo preset's two GPU hot spots without environments, on synthetic batches of a task's shapes.
 
 - update: one update of the `fpo` preset (16 epochs x 32 minibatches of 1,024 unrolls x 30 steps x
-  8 draws), replayed as one captured minibatch step, with the losses eager or `torch.compile`d
-  inside the graph (`--compile`); seconds per update (median of `--repeats`), the first update
-  (capture, compilation) apart, and a profile of the minibatch step's kernels;
+  8 draws), or of `--preset fpopp-locomotion` (32 epochs x 4 minibatches of 24,576 transitions x 32
+  draws), replayed as one captured minibatch step, in each of `--variants` (eager losses, `compile`d,
+  the `fused` Triton MLP, the `bf16` actor, joined with +); seconds per update (median of
+  `--repeats`), the first update (capture, compilation) apart, and a profile of the minibatch step's
+  kernels for each compiled variant;
 - sampler: the rollout's Euler sampler for 2,048 environments (10 steps of the 4 x 32 MLP): eager
   `actor.sample`, the same captured as a CUDA graph, and the fused Triton kernel (`FusedSampler`)
   called directly and captured; microseconds per call, and each one's error against float64.
 
     python benchmarks/bench_robot_update.py --tasks AcrobotSwingup:6:1 WalkerRun:24:6 --out $OUT/update
+    python benchmarks/bench_robot_update.py --preset fpopp-locomotion --tasks Spot:81:12 --skip sampler \
+        --variants eager compile bf16 compile+bf16 --out $OUT/spot
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import robot_fpo as R  # noqa: E402
 import robot_fpo_fast as F  # noqa: E402
 from fpo_utils.flow_triton import FusedSampler  # noqa: E402
+from fpo_utils.robot_bookkeeping import chunks  # noqa: E402
 from fpo_utils.samplers import GraphedSampler, fused_forward  # noqa: E402
 
 
@@ -37,6 +42,8 @@ def make_state(args: F.Args, o: int, d: int, dev) -> F.State:
     ).to(dev)
     if fused_forward(actor, args.fused):  # the Triton forward, as robot_fpo_fast.build_state installs it
         actor.forward = partial(fused_forward(actor, True), actor)
+    if args.bf16:
+        actor.forward = partial(F.bf16_forward, actor)
     critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
     opt = torch.optim.AdamW(
         [*actor.parameters(), *critic.parameters()],
@@ -50,6 +57,8 @@ def make_state(args: F.Args, o: int, d: int, dev) -> F.State:
 
 
 def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
+    if not args.gae_unroll:
+        return make_flat_batch(state, args, o, d, dev)
     n, k, m = args.num_envs * args.num_steps // args.gae_unroll, args.gae_unroll, args.num_draws
     g = torch.Generator(device=dev).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=dev, generator=g)  # noqa: E731
@@ -67,7 +76,7 @@ def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
                     eps[s].flatten(0, 1),
                     "fpo",
                 ).view(-1, k, m)
-                for s in R.chunks(n, 2048)
+                for s in chunks(n, 2048)
             ]
         )
     flag = lambda p: (torch.rand(n, k, device=dev, generator=g) < p).float()  # noqa: E731
@@ -82,6 +91,18 @@ def make_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
         "trunc": flag(1e-3),
         "boot": r(n, o),
     }
+
+
+def make_flat_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
+    """A batch of transitions (GAE done over the rollout: advantages and returns stored), as FPO++ trains."""
+    n, g = args.num_envs * args.num_steps, torch.Generator(device=dev).manual_seed(0)
+    obs, x = torch.randn(n, o, device=dev, generator=g), torch.randn(n, d, device=dev, generator=g)
+    t = args.t_min + (args.t_max - args.t_min) * torch.rand(n, args.num_draws, device=dev, generator=g)
+    eps = torch.randn(n, args.num_draws, d, device=dev, generator=g)
+    with torch.no_grad():
+        l_old = torch.cat([R.draw_losses(state.actor, obs[s], x[s], t[s], eps[s], args.objective) for s in chunks(n)])
+    adv, returns = torch.randn(n, device=dev, generator=g), torch.randn(n, device=dev, generator=g)
+    return {"obs": obs, "x": x, "t": t, "eps": eps, "l_old": l_old, "adv": adv, "returns": returns}
 
 
 def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
@@ -101,6 +122,7 @@ def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
     return {
         "compile": args.compile,
         "fused": args.fused,
+        "bf16": args.bf16,
         "update_s": statistics.median(times),
         "all_s": times,
         "first_s": first,
@@ -115,8 +137,7 @@ def profile_step(args: R.Args, o: int, d: int, path: Path) -> None:
     dev = torch.device("cuda")
     state = make_state(args, o, d, dev)
     batch = make_batch(state, args, o, d, dev)
-    src = {k: batch[k] for k in R.UNROLL_KEYS}
-    src["w"] = R.draw_weights(batch["t"], args, 1.0)
+    src = R.update_source(batch, args, 1.0)
     losses = lambda s, idx: R.minibatch_losses(state, s, idx, args)  # noqa: E731
     losses = torch.compile(losses, dynamic=False) if args.compile else losses
     n, mb = src["obs"].shape[0], src["obs"].shape[0] // args.num_minibatches
@@ -298,6 +319,8 @@ def rollout_timeline(state: F.State, args: F.Args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tasks", nargs="+", default=["AcrobotSwingup:6:1", "WalkerRun:24:6"], help="NAME:obs_dim:act_dim")
+    p.add_argument("--preset", default="fpo", choices=["fpo", "fpopp-locomotion"], help="the update's settings")
+    p.add_argument("--variants", nargs="+", default=["eager", "compile", "fused", "compile+fused"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip", nargs="*", default=[], help="parts to leave out: update, profile, sampler")
     p.add_argument(
@@ -316,7 +339,10 @@ def main() -> None:
 
         F.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    base = F.PRESETS["fpo"]
+    base = F.PRESETS[a.preset]
+    unknown = [v for v in a.variants if not set(v.split("+")) <= {"eager", "compile", "fused", "bf16"}]
+    if unknown:
+        p.error(f"--variants {unknown}: each is eager or compile, fused, bf16 joined with +")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
     for task in a.rollout:
         result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)
@@ -328,15 +354,14 @@ def main() -> None:
         if "sampler" not in a.skip:
             res["sampler"] = time_samplers(base, o, d, base.num_envs)
             print(name, "sampler", json.dumps(res["sampler"]), flush=True)
-        for comp, fused in (
-            ((False, False), (True, False), (False, True), (True, True)) if not a.compile_mode else ((True, True),)
-        ):
-            args, key = replace(base, compile=comp, fused=fused), f"compile_{comp}_fused_{fused}"
+        for variant in a.variants:
+            flags = {f: f in variant.split("+") for f in ("compile", "fused", "bf16")}
+            args = replace(base, **flags)
             if "update" not in a.skip:
-                res[f"update_{key}"] = time_update(args, o, d, a.repeats)
-                print(name, "update", json.dumps(res[f"update_{key}"]), flush=True)
-            if "profile" not in a.skip and comp and fused:
-                profile_step(args, o, d, a.out / f"profile_{name}_{key}.txt")
+                res[f"update_{variant}"] = time_update(args, o, d, a.repeats)
+                print(name, "update", variant, json.dumps(res[f"update_{variant}"]), flush=True)
+            if "profile" not in a.skip and args.compile:
+                profile_step(args, o, d, a.out / f"profile_{name}_{variant}.txt")
         (a.out / "update.json").write_text(json.dumps(result, indent=1))
 
 

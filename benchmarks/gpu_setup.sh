@@ -11,6 +11,7 @@ if [ -f "$_b/pg/site_ours.tar.xz" ]; then tar xJf "$_b/pg/site_ours.tar.xz" -C /
 if [ -f "$_b/pg/site_peer.tar.xz" ]; then tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp; fi
 if [ -f "$_b/envpool.tar.gz" ]; then tar xzf "$_b/envpool.tar.gz" -C /tmp/ep; fi
 if [ -f "$_b/legged.tar.xz" ]; then tar xJf "$_b/legged.tar.xz" -C /tmp/ep; fi  # Spot, Go1 and G1 (LEGGED=1)
+for _m in "$_b"/menagerie_*.tar.xz; do [ -f "$_m" ] && tar xJf "$_m" -C /tmp/ep; done  # their assets alone
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
 export OURS=/tmp/site:/tmp/so:/tmp/ep/envpool_bundle
 # warp-lang for --physics warp (gpu_bundle.sh): this call's parts from DIR/warp/ join those earlier calls left in

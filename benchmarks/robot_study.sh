@@ -8,6 +8,10 @@
 #   bash benchmarks/robot_study.sh status DIR           # name, state (queued / running / exit N), last update, last eval
 #   bash benchmarks/robot_study.sh collect DIR DEST     # DIR without checkpoints/ and TensorBoard files ->
 #                                                       # DEST/study.tar.gz (parts .00 .01 ... of <= 15 MB if larger)
+#   CHECKPOINTS=1 bash benchmarks/robot_study.sh collect DIR DEST   # also each run's last checkpoint, without its
+#                                                       # environments' state (benchmarks/portable_checkpoints.py)
+#   bash benchmarks/robot_study.sh restore SRC DIR      # SRC's study.tar.gz (or parts) -> the runs in DIR/runs, each
+#                                                       # with its checkpoint, for plan lines with --resume
 #
 # PLANFILE: one run a line, `QUEUE NAME COMMAND...` (# comments and blank lines ignored). Each queue
 # runs its lines in order; a failing line does not stop it. COMMAND runs through `bash -c` from the
@@ -22,7 +26,10 @@
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 root=$(cd "$(dirname "$0")/.." && pwd)
-usage() { echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | collect DIR DEST" >&2; exit 2; }
+usage() {
+  echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | collect DIR DEST | restore SRC DIR" >&2
+  exit 2
+}
 [ $# -ge 2 ] || usage
 cmd=$1; dir=$2
 lines() { grep -v '^[[:space:]]*\(#\|$\)' "$dir/plan.txt"; }  # the plan's run lines
@@ -33,7 +40,7 @@ all_done() {  # every queue finished (or its worker is gone)
     kill -0 "$(cat "$dir/queues/$q.pid" 2>/dev/null || echo 0)" 2>/dev/null && return 1
   done
 }
-[ "$cmd" = start ] || [ -f "$dir/plan.txt" ] || { echo "error: $dir holds no study (no plan.txt)" >&2; exit 2; }
+[ "$cmd" = start ] || [ "$cmd" = restore ] || [ -f "$dir/plan.txt" ] || { echo "error: $dir holds no study (no plan.txt)" >&2; exit 2; }
 case $cmd in
 start)
   [ $# -eq 3 ] && [ -f "$3" ] || { echo "error: plan file ${3:-(none)} not found" >&2; exit 2; }
@@ -82,6 +89,9 @@ status)
   done ;;
 collect)
   dest=${3:?DEST}; mkdir -p "$dest" && rm -f "$dest"/study.tar.gz "$dest"/study.tar.gz.[0-9]*
+  if [ "${CHECKPOINTS:-0}" != 0 ]; then
+    python3 "$root/benchmarks/portable_checkpoints.py" pack "$dir" || { echo "error: packing checkpoints failed" >&2; exit 5; }
+  fi
   tar -C "$(dirname "$dir")" --warning=no-file-changed --exclude=checkpoints --exclude='events.out.tfevents*' \
     --exclude='study.tar.gz*' -czf "$dest/study.tar.gz" "$(basename "$dir")"
   rc=$?; [ $rc -le 1 ] || { echo "error: tar failed ($rc)" >&2; exit 5; }  # 1: a file changed while read
@@ -90,5 +100,10 @@ collect)
     split -b "$part" -d -a 2 "$dest/study.tar.gz" "$dest/study.tar.gz." && rm "$dest/study.tar.gz"
   fi
   ls -l "$dest"/study.tar.gz* ;;
+restore)  # SRC DIR: what collect wrote into SRC (study.tar.gz or its parts), its runs into DIR/runs
+  [ $# -eq 3 ] || usage
+  src=$2; dir=$3; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  cat "$src"/study.tar.gz* | tar -xzf - -C "$tmp" || { echo "error: no readable study.tar.gz in $src" >&2; exit 2; }
+  mkdir -p "$dir/runs" && python3 "$root/benchmarks/portable_checkpoints.py" unpack "$tmp"/* "$dir" ;;
 *) usage ;;
 esac

@@ -26,6 +26,7 @@ stderr and one of these exit codes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -155,9 +156,11 @@ def set_rng_state(state: dict) -> None:
 class RunFolder:
     """`runs_dir/run_name` for one run. Use it as a context manager around the training loop.
 
-    `config` is the run's resolved settings (written to args.json); `may_change` names the settings
-    that `--resume` accepts with a new value (the budget, logging and device flags): any other
-    difference is refused with one line listing the names and both values.
+    `config` is the run's resolved settings (written to args.json), a mapping or the trainer's Args
+    dataclass; `may_change` names the settings that `--resume` accepts with a new value (the budget,
+    logging and device flags): any other difference is refused with one line listing the names and
+    both values. With an Args dataclass, a setting that the folder's args.json lacks (one the trainer
+    gained after the run started) is accepted at its default value.
     """
 
     def __init__(
@@ -175,7 +178,10 @@ class RunFolder:
             raise RunError(f"--run-name {run_name!r} is not a folder name; use letters, digits, '-', '_', '.'")
         self.path = Path(runs_dir) / run_name
         self.ckpt_path = self.path / CHECKPOINT
-        self.config = strict(dict(config))
+        is_args = dataclasses.is_dataclass(config)
+        fields = dataclasses.fields(config) if is_args else ()
+        self.defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+        self.config = strict(dataclasses.asdict(config) if is_args else dict(config))
         self.track, self.wandb_project_name, self.wandb_entity = track, wandb_project_name, wandb_entity
         self.stop_requested = False
         self.signal_name: Optional[str] = None
@@ -207,10 +213,17 @@ class RunFolder:
         def shown(d, k):
             return repr(d[k]) if k in d else "(unset)"
 
+        def differs(k):  # a setting args.json lacks is accepted at its default (the trainer gained it since)
+            if k in may_change:
+                return False
+            if k not in saved:
+                return not (k in self.defaults and self.config[k] == strict(self.defaults[k]))
+            return k not in self.config or saved[k] != self.config[k]
+
         diffs = [
             f"{k}: {shown(saved, k)} -> {shown(self.config, k)}"
             for k in sorted(set(saved) | set(self.config))
-            if k not in may_change and (k not in saved or k not in self.config or saved[k] != self.config[k])
+            if differs(k)
         ]
         if diffs:
             raise RunError(

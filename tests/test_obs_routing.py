@@ -218,8 +218,8 @@ def test_flat_tasks_keep_their_observation(tmp_path):
 def test_locomotion_preset_follows_the_official_velocity_configuration():
     p = R.PRESETS["fpopp-locomotion"]
     assert (p.objective, p.env_id, p.obs_actor, p.obs_critic) == ("fpopp", SPOT, "", "")
-    # Official FPO++ Spot: 4,096 envs x 24 steps per update (here 1,024 x 96), 32 epochs x 4 minibatches, 32 draws.
-    assert p.num_envs * p.num_steps == 4096 * 24 and p.total_timesteps // (p.num_envs * p.num_steps) == 1500
+    # Official FPO++ Spot: 4,096 envs x 24 steps per update, 32 epochs x 4 minibatches, 32 draws, 1,500 updates.
+    assert (p.num_envs, p.num_steps) == (4096, 24) and p.total_timesteps // (p.num_envs * p.num_steps) == 1500
     assert (p.update_epochs, p.num_minibatches, p.num_draws, p.flow_steps, p.vf_coef) == (32, 4, 32, 64, 0.5)
     official = (1e-4, 1e-4, False, 1.0, 0.99, 0.95)  # AdamW lr and weight decay, constant lr, clip, gamma, lambda
     assert (p.learning_rate, p.weight_decay, p.anneal_lr, p.max_grad_norm, p.gamma, p.gae_lambda) == official

@@ -290,3 +290,49 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
 def test_plot_refuses_a_folder_that_is_not_a_study(tmp_path):
     r = subprocess.run([sys.executable, str(PLOT), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "neither runs/ nor peer/" in r.stderr
+
+
+def test_runs_collected_with_checkpoints_resume_on_another_machine(tmp_path):
+    # A run stopped at update 2, collected with its checkpoint (CHECKPOINTS=1), restored into another study folder
+    # and resumed there: with environment restarts at the checkpoints (every 2 updates) it logs exactly what the
+    # uninterrupted run logs, although its checkpoint travelled without the environments' state.
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dataclasses import replace
+
+    import torch
+    from test_robot_fpo import strip_time, tiny_args
+
+    import robot_fpo as R
+    from fpo_utils.runfolder import read_jsonl
+
+    full = tiny_args(tmp_path / "a", num_updates=4, restart_every=2)
+    R.main(full)
+    d = tmp_path / "st"
+    (d / "runs").mkdir(parents=True)
+    (d / "plan.txt").write_text("cpu run true\n")
+    part = tiny_args(d / "runs", num_updates=2, restart_every=2)
+    R.main(part)
+    ck = d / "runs" / "run" / "checkpoints" / "last.pt"
+    payload = torch.load(ck, weights_only=False)  # as a Playground run's: its simulators' state, which cannot travel
+    torch.save({**payload, "envs": {"sim": {"arrays": [torch.zeros(50_000)]}, "obs_in": None, "ret_acc": None}}, ck)
+    r = subprocess.run(
+        ["bash", str(STUDY), "collect", str(d), str(tmp_path / "dest")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CHECKPOINTS": "1", "STUDY_PART_BYTES": "20000"},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "dest").glob("study.tar.gz.*"))) >= 2  # parts join on restore
+    other = tmp_path / "other"
+    r = study("restore", tmp_path / "dest", other)
+    assert r.returncode == 0 and "unpack: 1 run(s): run" in r.stdout, r.stderr
+    ckpt = torch.load(other / "runs" / "run" / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["envs"] is None and ckpt["update"] == 2
+    assert study("restore", tmp_path / "dest", other).returncode != 0  # never over an existing run folder
+    summary = R.main(replace(part, runs_dir=str(other / "runs"), num_updates=4, resume=True))
+    assert summary["status"] == "finished" and summary["updates_done"] == 4
+    got, want = (read_jsonl(p / "run" / "metrics.jsonl") for p in (other / "runs", tmp_path / "a"))
+    assert [row["update"] for row in got] == [0, 1, 2, 3, 4]
+    assert strip_time(got) == strip_time(want)

@@ -106,6 +106,26 @@ def test_resume_refuses_changed_settings_and_accepts_the_budget(tmp_path):
     assert json.loads((path / "args.json").read_text())["num_updates"] == 20
 
 
+@dataclass
+class Grown:  # a trainer's Args that gained ``fast`` after the run in the folder started
+    alpha: float = 0.0
+    num_updates: int = 10
+    fast: bool = False
+
+
+def test_resume_accepts_a_setting_added_since_at_its_default_only(tmp_path):
+    path = make_run(tmp_path)  # args.json: alpha, num_updates
+    with pytest.raises(RunError, match=r"fast: \(unset\) -> True"):
+        RunFolder(tmp_path, "r", Grown(fast=True), resume=True)
+    with pytest.raises(RunError, match=r"alpha: 0.0 -> 1.0"):
+        RunFolder(tmp_path, "r", Grown(alpha=1.0), resume=True)
+    with pytest.raises(RunError, match=r"fast: \(unset\) -> False"):  # a plain mapping has no defaults to go by
+        RunFolder(tmp_path, "r", {"alpha": 0.0, "num_updates": 10, "fast": False}, resume=True)
+    with RunFolder(tmp_path, "r", Grown(num_updates=20), resume=True, may_change=("num_updates",)) as rf:
+        assert rf.load_checkpoint()["k"] == 2
+    assert json.loads((path / "args.json").read_text()) == {"alpha": 0.0, "num_updates": 20, "fast": False}
+
+
 def test_fresh_start_clears_a_failed_start_and_a_failure_leaves_no_folder(tmp_path):
     # a killed start: rows and args but no checkpoint
     with pytest.raises(RuntimeError):
