@@ -3,7 +3,8 @@
 - update: one update of the `fpo` preset (16 epochs x 32 minibatches of 1,024 unrolls x 30 steps x
   8 draws), or of `--preset fpopp-locomotion` (32 epochs x 4 minibatches of 24,576 transitions x 32
   draws), replayed as one captured minibatch step, in each of `--variants` (eager losses, `compile`d,
-  the `fused` Triton MLP, the `bf16` actor, joined with +); seconds per update (median of
+  the `fused` Triton MLP, the `bf16` actor, the `split` first layer: the observation's share once per
+  observation, not per draw; joined with +); seconds per update (median of
   `--repeats`), the first update (capture, compilation) apart, and a profile of the minibatch step's
   kernels for each compiled variant;
 - sampler: the rollout's Euler sampler for 2,048 environments (10 steps of the 4 x 32 MLP): eager
@@ -36,7 +37,19 @@ from fpo_utils.robot_bookkeeping import chunks  # noqa: E402
 from fpo_utils.samplers import GraphedSampler, fused_forward  # noqa: E402
 
 
-def make_state(args: F.Args, o: int, d: int, dev) -> F.State:
+def split_forward(actor, obs, x_t, t, bf16: bool = False):
+    """FlowActor.forward with the observation's share of the first layer computed once per observation (it
+    broadcasts over the draws) instead of once per draw row; the same function up to float rounding."""
+    first, o = actor.net[0], obs.shape[-1]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        ang = t.unsqueeze(-1) * actor.freqs
+        rest = torch.cat([x_t, torch.cos(ang), torch.sin(ang)], dim=-1)
+        h = torch.nn.functional.linear(rest, first.weight[:, o:], first.bias)
+        h = h + torch.nn.functional.linear(obs, first.weight[:, :o])
+        return (actor.net[1:](h) * actor.output_scale).float()
+
+
+def make_state(args: F.Args, o: int, d: int, dev, split: bool = False) -> F.State:
     actor = R.FlowActor(
         o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base
     ).to(dev)
@@ -44,6 +57,8 @@ def make_state(args: F.Args, o: int, d: int, dev) -> F.State:
         actor.forward = partial(fused_forward(actor, True), actor)
     if args.bf16:
         actor.forward = partial(F.bf16_forward, actor)
+    if split:  # a candidate, measured here before any trainer uses it
+        actor.forward = partial(split_forward, actor, bf16=args.bf16)
     critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
     opt = torch.optim.AdamW(
         [*actor.parameters(), *critic.parameters()],
@@ -105,10 +120,10 @@ def make_flat_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
     return {"obs": obs, "x": x, "t": t, "eps": eps, "l_old": l_old, "adv": adv, "returns": returns}
 
 
-def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
+def time_update(args: R.Args, o: int, d: int, repeats: int, split: bool = False) -> dict:
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    state = make_state(args, o, d, dev)
+    state = make_state(args, o, d, dev, split)
     batch = make_batch(state, args, o, d, dev)
     t0 = time.perf_counter()
     F.update(state, batch, args, 1.0)  # capture (and compilation) happen here
@@ -132,10 +147,10 @@ def time_update(args: R.Args, o: int, d: int, repeats: int) -> dict:
     }
 
 
-def profile_step(args: R.Args, o: int, d: int, path: Path) -> None:
+def profile_step(args: R.Args, o: int, d: int, path: Path, split: bool = False) -> None:
     """Kernel table of 5 minibatch steps run outside any graph (eager or compiled losses)."""
     dev = torch.device("cuda")
-    state = make_state(args, o, d, dev)
+    state = make_state(args, o, d, dev, split)
     batch = make_batch(state, args, o, d, dev)
     src = R.update_source(batch, args, 1.0)
     losses = lambda s, idx: R.minibatch_losses(state, s, idx, args)  # noqa: E731
@@ -340,9 +355,9 @@ def main() -> None:
         F.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     base = F.PRESETS[a.preset]
-    unknown = [v for v in a.variants if not set(v.split("+")) <= {"eager", "compile", "fused", "bf16"}]
+    unknown = [v for v in a.variants if not set(v.split("+")) <= {"eager", "compile", "fused", "bf16", "split"}]
     if unknown:
-        p.error(f"--variants {unknown}: each is eager or compile, fused, bf16 joined with +")
+        p.error(f"--variants {unknown}: each is eager or compile, fused, bf16, split joined with +")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
     for task in a.rollout:
         result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)
@@ -356,12 +371,12 @@ def main() -> None:
             print(name, "sampler", json.dumps(res["sampler"]), flush=True)
         for variant in a.variants:
             flags = {f: f in variant.split("+") for f in ("compile", "fused", "bf16")}
-            args = replace(base, **flags)
+            args, split = replace(base, **flags), "split" in variant.split("+")
             if "update" not in a.skip:
-                res[f"update_{variant}"] = time_update(args, o, d, a.repeats)
+                res[f"update_{variant}"] = time_update(args, o, d, a.repeats, split)
                 print(name, "update", variant, json.dumps(res[f"update_{variant}"]), flush=True)
             if "profile" not in a.skip and args.compile:
-                profile_step(args, o, d, a.out / f"profile_{name}_{variant}.txt")
+                profile_step(args, o, d, a.out / f"profile_{name}_{variant}.txt", split)
         (a.out / "update.json").write_text(json.dumps(result, indent=1))
 
 
