@@ -50,6 +50,7 @@ class Args:
     num_envs: int = 64  # parallel environments
     env_threads: int = 0  # envpool threads (0: one per core this process may use)
     episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
+    random_start: bool = False  # playground: training episodes start at random points of the limit (official FPO++)
     physics: Literal["auto", "jax", "warp"] = "auto"  # playground: MJX (jax) or MuJoCo Warp; auto: per task, measured
     obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)
     obs_critic: str = ""  # dict observations: the critic's keys ("": privileged_state if present, else the actor's)
@@ -259,12 +260,11 @@ def fpo_loss(l_old, l_new, w, adv, clip_coef: float):
 
 
 def fpopp_loss(l_old, l_new, w, adv, clip_coef: float, mode="aspo", loss_clamp=20.0, ratio_log_clamp=10.0):
-    """FPO++ actor loss (eq:fpopp-objective), the weights AFTER the exponential: both losses clamped at c, the current
-    one again where A < 0 (official FPO++: ``cfm_loss_clamp_negative_advantages_max``, also 20); ``r_im =
-    exp(C_STE(l_old - l_new))``; ``L = -1/(nM) sum w_im P_TR(r_im, A_i)``, ``adv`` already normalised and clamped."""
+    """FPO++ actor loss (eq:fpopp-objective), the weights AFTER the exponential: both losses clamped at c (official
+    FPO++ clamps the current one again where A < 0, ``cfm_loss_clamp_negative_advantages_max``, also 20: the same);
+    ``r_im = exp(C_STE(l_old - l_new))``; ``L = -1/(nM) sum w_im P_TR(r_im, A_i)``, ``adv`` normalised and clamped."""
     a = adv.unsqueeze(-1).expand_as(l_new)
     l_old_c, l_new_c = l_old.clamp(max=loss_clamp), l_new.clamp(max=loss_clamp)
-    l_new_c = torch.where(a < 0, l_new_c.clamp(max=loss_clamp), l_new_c)
     ratio = torch.exp(straight_through_upper_clamp(l_old_c - l_new_c, ratio_log_clamp))
     return -(w * trust_region_proxy(ratio, a, clip_coef, mode)).mean(), ratio
 
@@ -485,7 +485,7 @@ def evaluate(state: State, envs, args: Args, init: str, sample=None) -> float:
 # ---------------------------------------------------------------- Setup, checkpoints and main
 def build_state(args: Args, device: torch.device) -> State:
     """Environments, networks, optimiser and normalisers for ``args`` (seed torch first)."""
-    envs = book.task_envs(args, args.num_envs, segment_seed(args.seed, 0), device)
+    envs = book.task_envs(args, args.num_envs, segment_seed(args.seed, 0), device, args.random_start)
     obs_dim, act_dim, route = envs.obs_dim, envs.act_dim, envs.route
     embed = (args.time_embed_dim, args.output_scale, args.time_embed_base)
     actor = FlowActor(route.actor_dim, act_dim, args.actor_hidden, args.actor_layers, *embed).to(device)

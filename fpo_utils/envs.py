@@ -189,21 +189,27 @@ def make_envs(
     episode_length: int = 1000,
     obs_keys: tuple[str, str] = ("", ""),
     physics: str = "auto",
+    random_start: bool = False,
 ):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
     ``threads`` is envpool's thread count (0: one per core, at most ``num_envs``);
     ``episode_length`` is the time limit of the playground backend (the others use the id's own);
     ``obs_keys`` the actor's and the critic's keys of a dict observation (``route_obs``);
-    ``physics`` the playground backend's physics (:func:`resolve_physics`).
+    ``physics`` the playground backend's physics (:func:`resolve_physics`);
+    ``random_start`` (playground only): every reset starts each episode at a random step of the time limit, so
+    the first episodes end at spread-out times (the official FPO++ runner's ``init_at_random_ep_len``).
     """
     if num_envs < 1:
         raise RunError(f"num_envs must be at least 1, got {num_envs}")
     device = torch.device(device)
     kind = resolve_backend(env_id, backend)
     physics = resolve_physics(env_id, kind, physics)
+    if random_start and kind != "playground":
+        raise RunError(f"random_start needs the playground backend ({env_id!r} runs on {kind})")
     if kind == "playground":
-        return _playground().PlaygroundVecEnv(env_id, num_envs, seed, device, episode_length, physics, obs_keys)
+        args = (env_id, num_envs, seed, device, episode_length, physics, obs_keys, random_start)
+        return _playground().PlaygroundVecEnv(*args)
     if kind == "envpool":
         return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
     return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)

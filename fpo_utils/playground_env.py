@@ -269,6 +269,7 @@ class PlaygroundVecEnv:
         episode_length: int = 1000,
         physics: Physics = "jax",
         obs_keys: tuple[str, str] = ("", ""),
+        random_start: bool = False,
     ):
         if num_envs < 1:
             raise RunError(f"num_envs must be at least 1, got {num_envs}")
@@ -292,7 +293,7 @@ class PlaygroundVecEnv:
         # a flat observation: actor and critic read all of it
         self.route = route if route.sizes else ObsRoute(flat_dim=self.obs_dim)
         self._env, self._keys, self._unpack_state = b.env, b.keys, b.unpack
-        self._reset_fn, self._step_fn = b.reset, b.step
+        self._reset_fn, self._step_fn = (b.reset_random if random_start else b.reset), b.step
         self.action_low = -torch.ones(self.act_dim, device=self.device)
         self.action_high = torch.ones(self.act_dim, device=self.device)
         n = num_envs
@@ -566,6 +567,13 @@ def _build(
         state = env.reset(rngs)
         return pack(state), flat(state.obs)
 
+    def reset_random(rngs):  # each episode starts at a random step of the limit, drawn from the reset keys
+        state = env.reset(rngs)
+        key = jax.random.fold_in(rngs[0], 1)
+        start = jax.random.randint(key, (num_envs,), 0, episode_length).astype(state.info["steps"].dtype)
+        state.info.update(steps=start)
+        return pack(state), flat(state.obs)
+
     def step(flat_state, action):
         state = env.step(unpack(flat_state), jnp.clip(action, -1.0, 1.0))
         trunc = state.info["truncation"]
@@ -580,6 +588,7 @@ def _build(
         keys=keys,
         unpack=unpack,
         reset=jax.jit(reset),
+        reset_random=jax.jit(reset_random),
         step=jax.jit(step, donate_argnums=0),
         obs_dim=obs_dim,
         act_dim=act_dim,

@@ -29,10 +29,11 @@ def seed_and_device(args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def task_envs(args, num_envs: int, seed: int, device: torch.device):
-    """``num_envs`` environments of the run's task, the actor's and the critic's observation keys routed."""
+def task_envs(args, num_envs: int, seed: int, device: torch.device, random_start: bool = False):
+    """``num_envs`` environments of the run's task, the actor's and the critic's observation keys routed (the
+    training ones with ``--random-start``; evaluation episodes always run from their start to the limit)."""
     where, keys = (args.backend, device, args.env_threads, args.episode_length), (args.obs_actor, args.obs_critic)
-    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics)
+    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics, random_start)
 
 
 def resumed_curve(rf, update: int) -> tuple[list, list]:
@@ -117,7 +118,9 @@ def validate_args(args) -> None:
     ):
         if bad:
             raise RunError(message)
-    resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
+    backend = resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
+    if args.random_start and backend != "playground":
+        raise RunError(f"--random-start needs the playground backend ({args.env_id!r} runs on {backend})")
 
 
 PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a checkpoint holds, with the counters

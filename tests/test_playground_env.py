@@ -195,6 +195,41 @@ def test_auto_reset_at_episode_length(env):
             assert torch.equal(info["episode_length"], torch.full((4,), float(k % EPISODE + 1)))
 
 
+def test_random_start_spreads_the_first_episodes_ends_then_runs_full_episodes():
+    # The official FPO++ runner's random initial episode lengths: each environment's first episode is cut at a
+    # random step of the limit (drawn from the seed), every later one runs the whole limit.
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    n, limit = 64, 12
+    e = PlaygroundVecEnv(
+        "CartpoleSwingup", n, seed=0, device=torch.device("cpu"), episode_length=limit, random_start=True
+    )
+    first_end = []
+    for seed in (3, 3, 4):
+        e.reset(seed)
+        cuts = torch.stack([e.step(torch.zeros(n, 1))[3] for _ in range(2 * limit)])  # (steps, envs)
+        assert (cuts.sum(0) == 2).all()  # every first episode ends within the limit, the next one limit steps later
+        ends = cuts.float().argmax(0) + 1  # the step that ended each first episode
+        later = [torch.nonzero(cuts[:, i]).flatten() for i in range(n)]
+        assert all(len(k) == 2 and int(k[1] - k[0]) == limit for k in later)  # then whole episodes
+        first_end.append(ends)
+    assert torch.equal(first_end[0], first_end[1]) and not torch.equal(first_end[0], first_end[2])  # seeded
+    assert first_end[0].min() >= 1 and first_end[0].max() <= limit and len(set(first_end[0].tolist())) > limit // 2
+    e.close()
+    plain = PlaygroundVecEnv("CartpoleSwingup", n, seed=0, device=torch.device("cpu"), episode_length=limit)
+    plain.reset(3)
+    cuts = torch.stack([plain.step(torch.zeros(n, 1))[3] for _ in range(limit)])
+    assert cuts[-1].all() and not cuts[:-1].any()  # without it, every first episode runs the whole limit
+    plain.close()
+
+
+def test_random_start_is_refused_off_playground():
+    from fpo_utils.envs import make_envs
+
+    with pytest.raises(RunError, match="random_start needs the playground backend"):
+        make_envs("InvertedPendulum-v5", 2, 0, "gymnasium", random_start=True)
+
+
 def test_dlpack_hand_over_matches_a_numpy_copy(env):
     import jax
     import jax.numpy as jnp

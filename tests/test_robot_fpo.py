@@ -594,6 +594,8 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "num_envs" in out.stderr, out.stderr
     out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--backend", "envpol")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "envpool" in out.stderr, out.stderr
+    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--random-start")  # envpool cannot start mid-episode
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--random-start needs the playground" in out.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
