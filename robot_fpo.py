@@ -139,7 +139,7 @@ PRESETS = {
     ),
 }
 # Official FPO++ Spot velocity task (app:robotics): FPO++ defaults, 32 epochs, 32 draws, value coef .5, actor 3 x 256,
-# critic 3 x 768, 1,500 updates of 4,096 envs x 24 steps (until Nov 2026 here 1,024 x 96: the same 98,304 steps).
+# critic 3 x 768, 1,500 updates of 4,096 envs x 24 steps (earlier versions here: 1,024 x 96, the same 98,304 steps).
 PRESETS["fpopp-locomotion"] = replace(
     PRESETS["fpopp"], preset="fpopp-locomotion", env_id="SpotFlatTerrainJoystick-v1", num_envs=4096, num_steps=24,
     update_epochs=32, total_timesteps=1500 * 4096 * 24, num_draws=32, vf_coef=0.5, actor_hidden=256, critic_hidden=768,
