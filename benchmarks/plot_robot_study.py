@@ -131,6 +131,11 @@ def load_run(folder: Path) -> dict | None:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
     train = [(r["update"], float(r["episodic_return"])) for r in rows if is_finite(r.get("episodic_return"))]
+    track = [  # legged tasks: the evaluation's command-tracking errors (fpo_utils/legged.py)
+        (r["update"], float(r["eval_track_lin"]), float(r["eval_track_yaw"]))
+        for r in rows
+        if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
+    ]
     return {
         "run": folder.name,
         "task": args.get("env_id", "?"),
@@ -148,6 +153,7 @@ def load_run(folder: Path) -> dict | None:
         "peak_update": peak[0] if peak else None,
         "final_eval": evals[-1][2] if evals else None,
         "events": events,
+        "track": track,
         "train": train,  # (update, mean return of the episodes that ended in that update's rollout)
     }
 
@@ -260,6 +266,22 @@ def plot(path: Path, title: str, xlabel: str, lines: list[tuple], ylabel: str = 
     print("wrote", path)
 
 
+def plot_track(path: Path, title: str, tracked: list[tuple]) -> None:
+    """The evaluation's mean |command - velocity|, linear and yaw, per run (tracked: (colour, alpha, run))."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, alpha, r in tracked:
+        us, lins, yaws = zip(*r["track"])
+        for ax, ys in zip(axes, (lins, yaws)):
+            ax.plot(us, ys, marker="o", ms=3, color=f"C{i}", label=f"alpha {alpha}, seed {r['seed']}")
+    axes[0].set(xlabel="update", ylabel="mean |command_xy - v_xy| (m/s)", title=f"{title}: linear")
+    axes[1].set(xlabel="update", ylabel="mean |command_yaw - w_z| (rad/s)", title="yaw")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote", path)
+
+
 def train_curve(run: dict, width: int = 10) -> tuple[list, list]:
     """The training return as a running mean over `width` updates (rows that had finished episodes)."""
     us, vs = zip(*run["train"])
@@ -304,7 +326,7 @@ def main() -> None:
             "objective": obj,
             "backend": backend,
             "block_budget": budget,
-            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train")} for r in rs],
+            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track")} for r in rs],
             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
         }
@@ -366,6 +388,15 @@ def main() -> None:
             ]
             ylabel = "training return (finished episodes, mean of 10 updates)"
             plot(a.out / f"fpopp_{task}_train.png", f"{task}, FPO++ ({backend})", "update", lines, ylabel)
+            tracked = [(i, s["alpha"], r) for i, s in enumerate(alphas) for r in s["runs"] if r["track"]]
+            if tracked:
+                plot_track(a.out / f"fpopp_{task}_track.png", f"{task}, FPO++ ({backend})", tracked)
+                md += ["| run | update | eval | tracking error, linear (m/s) | yaw (rad/s) |", "|---|---|---|---|---|"]
+                for _, _, r in tracked:
+                    ev = {e["update"]: e["return"] for e in r["evals"]}
+                    for u, lin, yaw in (r["track"][0], r["track"][-1]):
+                        md.append(f"| {r['run']} | {u} | {fnum(ev.get(u, float('nan')))} | {lin:.3f} | {yaw:.3f} |")
+                md.append("")
         elif backend != "playground":
             lines = [
                 (

@@ -247,3 +247,33 @@ def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tole
     (row,) = halving.paired_estimators([r for r in rows if "estimator" in r["settings"]], ["q+Z", "explicit"])
     assert (row["n"], row["wins"], row["ties"], row["losses"]) == (3, 1, 1, 1)
     assert plot_cifar_grid.TIE_TOLERANCE == halving.TIE_TOLERANCE
+
+
+def _run(folder: Path, rows: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_compare_runs_averages_shared_updates_per_window_and_lists_shared_evaluations(tmp_path):
+    import compare_runs
+
+    a = _run(tmp_path / "a", [{"update": u, "episodic_return": 2.0 * u, "eval_return": 10.0 + u} for u in range(0, 7)])
+    b = _run(
+        tmp_path / "b",
+        [{"update": u, "episodic_return": 1.0 * u} for u in range(0, 9)]
+        + [
+            {"update": 3, "eval_return": 5.0}  # a second row for update 3 (a resumed run): the last one counts
+        ],
+    )
+    ra, rb = compare_runs.load(a), compare_runs.load(b)
+    assert compare_runs.windows(6) == [(1, 2), (3, 4), (5, 6)]
+    lines = compare_runs.table(ra, rb, 6, ("x", "y"))
+    # updates 3-4: update 3's last row in b has no return, so update 4 alone, in both runs: 8 against 4
+    assert "| episodic_return | 3-4 | 8 | 4 | +1.000 |" in lines
+    assert "| episodic_return | 1-2 | 3 | 1.5 | +1.000 |" in lines
+    assert [ln for ln in lines if ln.startswith("| 3 |")] == ["| 3 | 13.000 | 5.000 |"]
+    assert not any(k in "".join(lines) for k in ("pg_loss", "| 0 |"))  # absent statistics, update 0's missing eval
+    with pytest.raises(SystemExit, match="share no logged update"):
+        sys.argv = ["compare_runs.py", str(a), str(_run(tmp_path / "c", [{"update": 0}]))]
+        compare_runs.main()

@@ -287,6 +287,35 @@ def test_fpopp_and_envpool_runs_get_their_own_plots(tmp_path):
     assert [r["peak"] for r in warp["runs"]] == [3.0] and (out / "playground-warp_AcrobotSwingup.png").exists()
 
 
+def test_legged_runs_get_their_tracking_errors_plotted_and_tabled(tmp_path):
+    d = tmp_path / "study"
+    args = {
+        "env_id": "SpotFlatTerrainJoystick",
+        "objective": "fpopp",
+        "backend": "playground",
+        "alpha": 1.0,
+        "seed": 3,
+        "num_envs": 4096,
+        "num_steps": 24,
+        "num_updates": 0,
+        "total_timesteps": 1500 * 4096 * 24,
+    }
+    track = {0: (35.0, 0.64, 0.43), 25: (34.0, 0.5, 0.3), 50: (46.5, 0.15, 0.11)}
+    rows = [
+        {"update": u, "global_step": u * 98304, "eval_return": ev, "eval_track_lin": lin, "eval_track_yaw": yaw}
+        for u, (ev, lin, yaw) in track.items()
+    ]
+    write_run(d / "runs", "spot_a1_s3", args, rows, None)
+    write_run(d / "runs", "cartpole", {**args, "env_id": "CartpoleSwingup-v1"}, evals({0: 1.0, 7: 2.0}), None)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    md = (out / "study.md").read_text()
+    assert "| spot_a1_s3 | 0 | 35 | 0.640 | 0.430 |" in md and "| spot_a1_s3 | 50 | 46.5 | 0.150 | 0.110 |" in md
+    assert (out / "fpopp_SpotFlatTerrainJoystick_track.png").exists()
+    assert not (out / "fpopp_CartpoleSwingup-v1_track.png").exists()  # no tracking errors logged: no plot
+
+
 def test_plot_refuses_a_folder_that_is_not_a_study(tmp_path):
     r = subprocess.run([sys.executable, str(PLOT), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "neither runs/ nor peer/" in r.stderr
