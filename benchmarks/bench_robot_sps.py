@@ -8,7 +8,9 @@ number of environments and envpool threads) in the same process:
   hand-over, is reported beside it for envpool ids);
 - end-to-end: ``num_updates`` iterations of the trainer (``collect_rollout`` + ``update``), after
   one warm-up iteration (and CUDA-graph capture); evaluation, checkpoints and the environment
-  restarts at checkpoint boundaries are not counted.
+  restarts at checkpoint boundaries are not counted;
+- evaluation (``--eval-runs N``): N times the trainer's evaluation at one evaluation point (for FPO++
+  from x0 = 0 and from random x0, as robot_fpo.py logs both), on its own evaluation environments.
 
 With ``--repeats R`` the two alternate R times and the reported ratio is the median of the R
 ratios (a shared machine's speed drifts between runs). Target (issue: CPU path): end-to-end >= 70%
@@ -38,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import robot_fpo  # noqa: E402
 import robot_fpo_fast  # noqa: E402
 from fpo_utils.envs import EnvpoolVecEnv, env_out_size  # noqa: E402
-from fpo_utils.robot_bookkeeping import validate_args  # noqa: E402
+from fpo_utils.robot_bookkeeping import task_envs, validate_args  # noqa: E402
 
 
 @dataclass
@@ -73,6 +75,10 @@ class BenchArgs:
     """torch.compile the update's losses (None: the preset's)"""
     bf16: bool = False
     """the trained actor's products in bfloat16 (robot_fpo_fast.py --bf16)"""
+    eval_runs: int = 0
+    """also time this many evaluation points (0: none)"""
+    eval_episodes: int = 0
+    """evaluation episodes (0: the preset's)"""
     json_out: str = ""
     """optional path of a JSON file with the numbers"""
 
@@ -117,7 +123,8 @@ def main(b: BenchArgs) -> dict:
     if b.torch_threads > 0:
         torch.set_num_threads(b.torch_threads)
     base = robot_fpo_fast.PRESETS[b.preset]
-    over = {k: v for k, v in dict(num_envs=b.num_envs, num_steps=b.num_steps, objective=b.objective).items() if v}
+    over = dict(num_envs=b.num_envs, num_steps=b.num_steps, objective=b.objective, eval_episodes=b.eval_episodes)
+    over = {k: v for k, v in over.items() if v}
     args = replace(
         base,
         env_id=b.env_id,
@@ -165,6 +172,16 @@ def main(b: BenchArgs) -> dict:
             roll, upd = iterate()
             t_roll, t_upd = t_roll + roll, t_upd + upd
         e2e_sps.append(b.num_updates * args.num_envs * args.num_steps / (time.perf_counter() - t0))
+    eval_s = []
+    if b.eval_runs:  # one evaluation point as robot_fpo.main makes it: FPO++ logs both initial noises
+        eval_envs = task_envs(args, args.eval_episodes, args.eval_seed, device)
+        inits = ("zero", "random") if args.objective == "fpopp" else ("random",)
+        for _ in range(b.eval_runs):
+            t0 = time.perf_counter()
+            for init in inits:
+                robot_fpo_fast.evaluate(state, eval_envs, args, init)
+            eval_s.append(time.perf_counter() - t0)
+        eval_envs.close()
     state.envs.close()
     k = b.num_updates * b.repeats
     ratios = [e / v for e, v in zip(e2e_sps, env_sps)]
@@ -200,12 +217,16 @@ def main(b: BenchArgs) -> dict:
         "cuda_graph": state.graph is not None,
         "compile": args.compile,
         "bf16": args.bf16,
+        "eval_episodes": args.eval_episodes if b.eval_runs else None,
+        "eval_s": statistics.median(eval_s) if eval_s else None,
+        "eval_s_all": eval_s,
     }
     print(json.dumps(out))
     print(
         f"{b.env_id} x {args.num_envs}: env-only {out['env_only_sps']:.0f} steps/s, "
         f"end-to-end {out['end_to_end_sps']:.0f} steps/s, ratio {out['ratio']:.2f} "
         f"(device {device}, rollout {out['rollout_s']:.3f} s, update {out['update_s']:.3f} s)"
+        + (f", evaluation point {out['eval_s']:.2f} s" if eval_s else "")
     )
     if b.json_out:
         with open(b.json_out, "w") as f:

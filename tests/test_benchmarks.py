@@ -277,3 +277,15 @@ def test_compare_runs_averages_shared_updates_per_window_and_lists_shared_evalua
     with pytest.raises(SystemExit, match="share no logged update"):
         sys.argv = ["compare_runs.py", str(a), str(_run(tmp_path / "c", [{"update": 0}]))]
         compare_runs.main()
+
+
+def test_sps_benchmark_times_the_evaluation_points_it_is_asked_for(tmp_path):
+    pytest.importorskip("envpool")
+    import bench_robot_sps
+
+    small = dict(preset="fpopp", env_id="InvertedPendulum-v5", num_envs=4, num_steps=8, num_updates=1)
+    out = bench_robot_sps.main(bench_robot_sps.BenchArgs(**small, eval_runs=2, eval_episodes=2))
+    assert len(out["eval_s_all"]) == 2 and all(t > 0 for t in out["eval_s_all"])
+    assert out["eval_s"] == pytest.approx(sum(out["eval_s_all"]) / 2) and out["eval_episodes"] == 2
+    out = bench_robot_sps.main(bench_robot_sps.BenchArgs(**small))
+    assert (out["eval_s"], out["eval_s_all"], out["eval_episodes"]) == (None, [], None)
