@@ -25,11 +25,12 @@ def load(run: Path) -> dict[int, dict]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"error: no metrics.jsonl in {run}: pass a run folder")
-    return {r["update"]: r for r in map(json.loads, path.read_text().splitlines()) if "update" in r}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["update"]: r for r in rows if "update" in r}
 
 
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+def finite(x) -> bool:  # as plot_robot_study.is_finite: a logged number, not a flag
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def windows(upto: int, n: int = 3) -> list[tuple[int, int]]:

@@ -251,7 +251,7 @@ def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tole
 
 def _run(folder: Path, rows: list[dict]) -> Path:
     folder.mkdir(parents=True)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # a blank line too
     return folder
 
 
