@@ -252,6 +252,13 @@ def by_alpha(runs: list[dict], task: str, objective: str) -> list[dict]:
     return out
 
 
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote", path)
+
+
 def plot(path: Path, title: str, xlabel: str, lines: list[tuple], ylabel: str = "evaluation return") -> None:
     """lines: (xs, ys, style dict)."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -260,10 +267,7 @@ def plot(path: Path, title: str, xlabel: str, lines: list[tuple], ylabel: str = 
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if any("label" in kw for *_, kw in lines):
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote", path)
+    save(fig, path)
 
 
 def plot_track(path: Path, title: str, tracked: list[tuple]) -> None:
@@ -276,10 +280,7 @@ def plot_track(path: Path, title: str, tracked: list[tuple]) -> None:
     axes[0].set(xlabel="update", ylabel="mean |command_xy - v_xy| (m/s)", title=f"{title}: linear")
     axes[1].set(xlabel="update", ylabel="mean |command_yaw - w_z| (rad/s)", title="yaw")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote", path)
+    save(fig, path)
 
 
 def train_curve(run: dict, width: int = 10) -> tuple[list, list]:
