@@ -145,10 +145,10 @@ PRESETS["fpopp-locomotion"] = replace(
     update_epochs=32, total_timesteps=1500 * 4096 * 24, num_draws=32, vf_coef=0.5, actor_hidden=256, critic_hidden=768,
     critic_layers=3, critic_act="silu", eval_every=50, eval_episodes=10,
 )
-# Settings --resume accepts with a new value (with --anneal-lr, total_timesteps moves the lr horizon).
+# Settings --resume may change (total_timesteps moves --anneal-lr's horizon; evaluations draw no training randomness).
 MAY_CHANGE = (
     "total_timesteps", "num_updates", "resume", "track", "cuda", "tf32", "torch_threads", "env_threads",
-    "keep_checkpoints", "runs_dir",
+    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every",
 )
 # fmt: on
 
@@ -527,17 +527,17 @@ def main(
         def summary(status: str, reason: str = "") -> dict:  # summary.json, with the peak (eq:peak)
             return rf.write_summary(book.summary_row(state, args, status, reason))
 
-        def do_eval(row: dict) -> None:
+        def do_eval(row: dict) -> None:  # also eval_s, the evaluation's seconds
+            t, other = time.perf_counter(), ("random" if eval_init == "zero" else "zero")
             row.update(legged.eval_row(evaluator(state, eval_envs, args, eval_init)))  # + eval_track_* if legged
             if args.objective == "fpopp":
-                other = "random" if eval_init == "zero" else "zero"
                 row.update(legged.eval_row(evaluator(state, eval_envs, args, other), f"_{other}"))
+            row["eval_s"] = time.perf_counter() - t
             if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations
                 state.peak = (row["eval_return"], state.global_step, state.update)
             curve[0].append(state.global_step), curve[1].append(row["eval_return"])
             rf.plot_curve(*curve, "environment steps", "evaluation return")
-            at = f"update={state.update} step={state.global_step}"
-            print(f"{at} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
+            print(f"update={state.update} eval_return={row['eval_return']:.2f} peak={state.peak[0]:.2f}")
 
         restored = rf.resuming and book.load_checkpoint(rf.load_checkpoint(map_location="cpu"), state)
         if not restored:  # fresh episodes everywhere, seeded from (seed, update)

@@ -196,7 +196,8 @@ def test_keys_reach_args_json_and_the_networks_and_resume_is_exact(tmp_path):
     R.main(part)
     R.main(replace(part, num_updates=2, resume=True))
     rows = [read_jsonl(tmp_path / folder / "run" / "metrics.jsonl") for folder in "ab"]
-    timeless = [[{k: v for k, v in r.items() if k not in ("sps", "rollout_s", "update_s")} for r in x] for x in rows]
+    timing = ("sps", "rollout_s", "update_s", "eval_s")
+    timeless = [[{k: v for k, v in r.items() if k not in timing} for r in x] for x in rows]
     assert timeless[0] == timeless[1] and len(timeless[0]) == 3
     with pytest.raises(RunError, match="obs_critic"):
         R.main(replace(part, obs_critic="privileged_state", num_updates=3, resume=True))

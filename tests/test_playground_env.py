@@ -446,7 +446,7 @@ def test_resume_continues_the_environments_exactly(tmp_path):
 
     import robot_fpo as R
 
-    timing = {"sps", "rollout_s", "update_s"}
+    timing = {"sps", "rollout_s", "update_s", "eval_s"}
     R.main(playground_args(tmp_path / "a", num_updates=4))
     ref = [{k: v for k, v in r.items() if k not in timing} for r in read_jsonl(tmp_path / "a/run/metrics.jsonl")]
     part = playground_args(tmp_path / "b", num_updates=2)

@@ -25,7 +25,7 @@ from fpo_utils.runfolder import NonFiniteLoss, RunError, read_jsonl  # noqa: E40
 from weighting import fpo_weight_at, fpopp_weight  # noqa: E402
 
 GRID = np.arange(1, 11) / 10.0
-TIME_KEYS = {"sps", "rollout_s", "update_s"}
+TIME_KEYS = {"sps", "rollout_s", "update_s", "eval_s"}
 
 
 # A robot run small enough for the CPU tests (also used by the halving tests).
@@ -457,6 +457,22 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
     assert [r["update"] for r in got] == [0, 1, 2, 3, 4]
     assert strip_time(got) == strip_time(ref)
     assert summary["status"] == "finished" and summary["updates_done"] == 4
+
+
+def test_resume_may_change_the_evaluation_cadence_and_training_is_unchanged(tmp_path):
+    # Evaluations draw no training randomness: a run continued with evaluations every update trains exactly as
+    # one evaluated every second update (restarts at update 2, where the first part checkpoints, as envpool needs).
+    full = tiny_args(tmp_path / "a", num_updates=4, restart_every=2)
+    R.main(full)
+    part = tiny_args(tmp_path / "b", num_updates=2, restart_every=2)
+    R.main(part)
+    R.main(replace(part, num_updates=4, resume=True, eval_every=1, checkpoint_every=1))
+    ref, got = (read_rows(tmp_path / f / "run" / "metrics.jsonl") for f in "ab")
+    train = lambda rows: [{k: v for k, v in r.items() if not k.startswith("eval")} for r in strip_time(rows)]  # noqa: E731
+    assert train(got) == train(ref) and [r["update"] for r in got] == [0, 1, 2, 3, 4]
+    assert ["eval_return" in r for r in got] == [True, False, True, True, True]
+    assert ["eval_return" in r for r in ref] == [True, False, True, False, True]
+    assert all(r["eval_s"] > 0 for r in got if "eval_return" in r)
 
 
 def test_nonfinite_loss_ends_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
