@@ -159,7 +159,7 @@ def test_a_run_without_a_command_logs_what_it_did_before(tmp_path):
     now, before = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("now", "before"))
     assert strip_time(now) == strip_time(before)
     assert [list(r) for r in now] == [list(r) for r in before]  # the same keys in the same order
-    assert list(now[0]) == ["update", "global_step", "alpha", "eval_return", "eval_return_random"]
+    assert list(now[0]) == ["update", "global_step", "alpha", "eval_return", "eval_return_random", "eval_s"]
     assert not any(k.startswith("eval_track") for r in now for k in r)
 
 
@@ -182,7 +182,7 @@ def test_tiny_spot_run_logs_tracking_errors_beside_eval_return(tmp_path):
     keys = list(evals[0])
     assert keys[keys.index("eval_return") :] == ["eval_return", *legged.TRACK_KEYS, "eval_return_random"] + [
         f"{k}_random" for k in legged.TRACK_KEYS
-    ]
+    ] + ["eval_s"]
     assert json.loads((tmp_path / "spot" / "summary.json").read_text())["status"] == "finished"
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     acc = event_accumulator.EventAccumulator(str(tmp_path / "spot")).Reload()
