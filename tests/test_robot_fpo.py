@@ -468,7 +468,10 @@ def test_resume_may_change_the_evaluation_cadence_and_training_is_unchanged(tmp_
     R.main(part)
     R.main(replace(part, num_updates=4, resume=True, eval_every=1, checkpoint_every=1))
     ref, got = (read_rows(tmp_path / f / "run" / "metrics.jsonl") for f in "ab")
-    train = lambda rows: [{k: v for k, v in r.items() if not k.startswith("eval")} for r in strip_time(rows)]  # noqa: E731
+
+    def train(rows):  # each row without its evaluation and timing
+        return [{k: v for k, v in r.items() if not k.startswith("eval")} for r in strip_time(rows)]
+
     assert train(got) == train(ref) and [r["update"] for r in got] == [0, 1, 2, 3, 4]
     assert ["eval_return" in r for r in got] == [True, False, True, True, True]
     assert ["eval_return" in r for r in ref] == [True, False, True, False, True]
