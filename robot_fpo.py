@@ -516,7 +516,6 @@ def main(
     batch_size = args.num_envs * args.num_steps
     num_updates = args.num_updates or max(1, args.total_timesteps // batch_size)
     ckpt_every = args.checkpoint_every or args.eval_every
-    eval_init = args.eval_init if args.eval_init != "native" else ("random" if args.objective == "fpo" else "zero")
     rf = RunFolder(args.runs_dir, book.default_run_name(args), args, args.resume, may_change, args.track)
     device = book.seed_and_device(args)  # seeds torch and numpy; threads, TF32, the device
     with rf:
@@ -528,9 +527,9 @@ def main(
             return rf.write_summary(book.summary_row(state, args, status, reason))
 
         def do_eval(row: dict) -> None:  # also eval_s, the evaluation's seconds
-            t, other = time.perf_counter(), ("random" if eval_init == "zero" else "zero")
-            row.update(legged.eval_row(evaluator(state, eval_envs, args, eval_init)))  # + eval_track_* if legged
-            if args.objective == "fpopp":
+            t, (first, *others) = time.perf_counter(), book.eval_inits(args)
+            row.update(legged.eval_row(evaluator(state, eval_envs, args, first)))  # + eval_track_* if legged
+            for other in others:  # FPO++: eval_return_random (or _zero) too
                 row.update(legged.eval_row(evaluator(state, eval_envs, args, other), f"_{other}"))
             row["eval_s"] = time.perf_counter() - t
             if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import robot_fpo  # noqa: E402
 import robot_fpo_fast  # noqa: E402
 from fpo_utils.envs import EnvpoolVecEnv, env_out_size  # noqa: E402
-from fpo_utils.robot_bookkeeping import task_envs, validate_args  # noqa: E402
+from fpo_utils.robot_bookkeeping import eval_inits, task_envs, validate_args  # noqa: E402
 
 
 @dataclass
@@ -175,10 +175,9 @@ def main(b: BenchArgs) -> dict:
     eval_s = []
     if b.eval_runs:  # one evaluation point as robot_fpo.main makes it: FPO++ logs both initial noises
         eval_envs = task_envs(args, args.eval_episodes, args.eval_seed, device)
-        inits = ("zero", "random") if args.objective == "fpopp" else ("random",)
         for _ in range(b.eval_runs):
             t0 = time.perf_counter()
-            for init in inits:
+            for init in eval_inits(args):
                 robot_fpo_fast.evaluate(state, eval_envs, args, init)
             eval_s.append(time.perf_counter() - t0)
         eval_envs.close()

@@ -89,8 +89,7 @@ def main() -> None:
         p.error(f"--frames {a.frames}, --every {a.every}, --size {a.size}: need at least 1, 1 and 16")
     state, args = load_run(a.run, torch.device(a.device))
     envs = Recording(book.task_envs(args, 1, args.eval_seed, state.device))
-    init = args.eval_init if args.eval_init != "native" else ("random" if args.objective == "fpo" else "zero")
-    result = R.evaluate(state, envs, args, init)
+    result = R.evaluate(state, envs, args, book.eval_inits(args)[0])  # eval_return's initial noise
     picked = envs.states[a.every - 1 :: a.every][: a.frames]
     if not picked:
         raise SystemExit(f"error: the episode ended after {len(envs.states)} steps, before step {a.every}")

@@ -161,6 +161,13 @@ def default_run_name(args) -> str:
     return args.run_name or f"{env}__{args.objective}__{alpha}{value}__{args.preset}__{args.seed}"
 
 
+def eval_inits(args) -> tuple[str, ...]:
+    """The initial noises of one evaluation point. The first gives ``eval_return`` (``--eval-init``; native: random
+    x0 for FPO, x0 = 0 for FPO++); FPO++ also evaluates from the other, logged with its name as a suffix."""
+    first = args.eval_init if args.eval_init != "native" else ("random" if args.objective == "fpo" else "zero")
+    return (first, "random" if first == "zero" else "zero") if args.objective == "fpopp" else (first,)
+
+
 def summary_row(state, args, status: str, reason: str) -> dict:
     """summary.json's content: the status, the updates done and the peak evaluation (eq:peak) with its update."""
     peak = dict(peak=state.peak[0] if state.peak[2] >= 0 else None, peak_update=state.peak[2], peak_step=state.peak[1])

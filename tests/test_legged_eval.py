@@ -163,6 +163,27 @@ def test_a_run_without_a_command_logs_what_it_did_before(tmp_path):
     assert not any(k.startswith("eval_track") for r in now for k in r)
 
 
+@pytest.mark.parametrize(
+    "objective, eval_init, want",
+    [
+        ("fpo", "native", ("random",)),
+        ("fpo", "zero", ("zero",)),
+        ("fpopp", "native", ("zero", "random")),
+        ("fpopp", "random", ("random", "zero")),
+    ],
+)
+def test_eval_inits_puts_eval_returns_noise_first(objective, eval_init, want):
+    assert book.eval_inits(SimpleNamespace(objective=objective, eval_init=eval_init)) == want
+
+
+def test_an_fpopp_run_from_random_noise_logs_the_zero_noise_return_beside_it(tmp_path):
+    args = tiny_args(tmp_path, objective="fpopp", num_updates=1, eval_every=1, eval_init="random")
+    R.main(args)
+    rows = read_jsonl(tmp_path / args.run_name / "metrics.jsonl")
+    assert [k for k in rows[0] if k.startswith("eval_return")] == ["eval_return", "eval_return_zero"]
+    assert rows[0]["eval_return"] != rows[0]["eval_return_zero"]
+
+
 # ---------------------------------------------------------------------------- a tiny Spot run
 def test_tiny_spot_run_logs_tracking_errors_beside_eval_return(tmp_path):
     pytest.importorskip("envpool")
