@@ -423,7 +423,7 @@ def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
         means = [m for m, _ in stats]
         if max(means) - min(means) < 0.1:  # a narrow landscape: magnified in an inset, axis marked
             lo, hi = min(m - s for (m, _), s in zip(stats, sds)), max(m + s for (m, _), s in zip(stats, sds))
-            pad = (hi - lo) * 0.1
+            pad = (hi - lo) * 0.1 or 0.005  # one point and no spread: a small fixed window
             inset = ax.inset_axes([0.5, 0.3, 0.47, 0.4])
             draw(inset, False)
             inset.set_ylim(lo - pad, hi + pad)
