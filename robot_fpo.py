@@ -527,9 +527,9 @@ def main(
             return rf.write_summary(book.summary_row(state, args, status, reason))
 
         def do_eval(row: dict) -> None:  # also eval_s, the evaluation's seconds
-            t, (first, *others) = time.perf_counter(), book.eval_inits(args)
-            row.update(legged.eval_row(evaluator(state, eval_envs, args, first)))  # + eval_track_* if legged
-            for other in others:  # FPO++: eval_return_random (or _zero) too
+            t, inits = time.perf_counter(), book.eval_inits(args)
+            row.update(legged.eval_row(evaluator(state, eval_envs, args, inits[0])))  # + eval_track_* if legged
+            for other in inits[1:]:  # FPO++: eval_return_random (or _zero) too
                 row.update(legged.eval_row(evaluator(state, eval_envs, args, other), f"_{other}"))
             row["eval_s"] = time.perf_counter() - t
             if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations
