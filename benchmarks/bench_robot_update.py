@@ -376,7 +376,8 @@ def main() -> None:
                 res[f"update_{variant}"] = time_update(args, o, d, a.repeats, split)
                 print(name, "update", variant, json.dumps(res[f"update_{variant}"]), flush=True)
             if "profile" not in a.skip and args.compile:
-                profile_step(args, o, d, a.out / f"profile_{name}_{variant}.txt", split)
+                path = a.out / f"profile_{name}_{variant.replace('+', '_')}.txt"  # compile_bf16, not compile+bf16
+                profile_step(args, o, d, path, split)
         (a.out / "update.json").write_text(json.dumps(result, indent=1))
 
 
