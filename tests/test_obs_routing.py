@@ -18,7 +18,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from test_robot_fpo import TINY_ROBOT  # noqa: E402
+from test_robot_fpo import TINY_ROBOT, strip_time  # noqa: E402
 
 import robot_fpo as R  # noqa: E402
 from fpo_utils.envs import make_envs, observation_keys, route_obs  # noqa: E402
@@ -196,8 +196,7 @@ def test_keys_reach_args_json_and_the_networks_and_resume_is_exact(tmp_path):
     R.main(part)
     R.main(replace(part, num_updates=2, resume=True))
     rows = [read_jsonl(tmp_path / folder / "run" / "metrics.jsonl") for folder in "ab"]
-    timing = ("sps", "rollout_s", "update_s", "eval_s")
-    timeless = [[{k: v for k, v in r.items() if k not in timing} for r in x] for x in rows]
+    timeless = [strip_time(x) for x in rows]
     assert timeless[0] == timeless[1] and len(timeless[0]) == 3
     with pytest.raises(RunError, match="obs_critic"):
         R.main(replace(part, obs_critic="privileged_state", num_updates=3, resume=True))

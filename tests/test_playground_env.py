@@ -444,11 +444,12 @@ def test_resume_continues_the_environments_exactly(tmp_path):
     import shutil
     from dataclasses import replace
 
+    from test_robot_fpo import strip_time  # drops the timing columns
+
     import robot_fpo as R
 
-    timing = {"sps", "rollout_s", "update_s", "eval_s"}
     R.main(playground_args(tmp_path / "a", num_updates=4))
-    ref = [{k: v for k, v in r.items() if k not in timing} for r in read_jsonl(tmp_path / "a/run/metrics.jsonl")]
+    ref = strip_time(read_jsonl(tmp_path / "a/run/metrics.jsonl"))
     part = playground_args(tmp_path / "b", num_updates=2)
     R.main(part)
     ckpt = tmp_path / "b" / "run" / "checkpoints" / "last.pt"
@@ -457,7 +458,7 @@ def test_resume_continues_the_environments_exactly(tmp_path):
     R.main(replace(part, num_updates=3, resume=True))
     shutil.copy(tmp_path / "saved.pt", ckpt)
     R.main(replace(part, num_updates=4, resume=True))
-    got = [{k: v for k, v in r.items() if k not in timing} for r in read_jsonl(tmp_path / "b/run/metrics.jsonl")]
+    got = strip_time(read_jsonl(tmp_path / "b/run/metrics.jsonl"))
     assert got == ref and [r["episodes"] for r in got[1:]] == [0, 4, 4, 4]
 
 
