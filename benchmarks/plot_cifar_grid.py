@@ -543,7 +543,14 @@ def write_scale(data: Peaks, out: Path, report: Report) -> None:
             won, regret = PAPER_SCALE[reward]
             lines.append(f"| {reward} | paper | n = 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
         scale_checks(reward, s, data[reward], checks, report)
-        tied = s["tied_ranks"]
+        tied, n = s["tied_ranks"], len(s["seeds"])
+        ax.set(title=f"{reward}, n = {n} seed{'s' * (n != 1)}", xlabel="scale g", ylabel="alpha")
+        ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
+        ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
+        if n < 2:  # the rule needs two pairs: no shape beats another, and no rank is shown
+            ax.imshow(np.zeros(tied.shape), cmap="Greys", aspect="auto", vmin=0, vmax=1)
+            ax.text(0.5, 0.5, "one seed: no ranks\n(the rule needs two)", ha="center", transform=ax.transAxes)
+            continue
         ax.imshow(tied, cmap="viridis_r", aspect="auto", vmin=1, vmax=len(s["alphas"]))
         for (i, j), r in np.ndenumerate(tied):
             shared = int((tied[:, j] == r).sum()) > 1
@@ -551,9 +558,6 @@ def write_scale(data: Peaks, out: Path, report: Report) -> None:
             ax.text(
                 j, i, f"={r}" if shared else str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8
             )
-        ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
-        ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
-        ax.set(title=f"{reward}, n = {len(s['seeds'])} seeds", xlabel="scale g", ylabel="alpha")
     fig.suptitle(
         "Rank within each scale = 1 + shapes that beat it (paired by seed, mean beyond 2 SE); '=r': rank shared (tied)",
         fontsize=8,
@@ -612,7 +616,7 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, checks: List[str], rep
         checks.append("| " + " | ".join(cells) + " |")
     if keep is None:
         return
-    word = "**holds**" if not moved else "**differs**"
+    word = "**differs**" if moved else "n/a" if len(seeds) < 2 or "n/a" in keep_words else "**holds**"
     report.add(
         "scale",
         f"- **{reward}** ({tag} seeds, g = {names(s['gs'])}): best mean shape per g "
@@ -887,12 +891,12 @@ def profile_alpha(profile: str) -> float:
 
 
 def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
-    """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one; the
-    run folders are found beside each grid.json (arms/NAME/samples)."""
+    """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one, for the
+    cells at g = 1 (the landscape's); the run folders are found beside each grid.json (arms/NAME/samples)."""
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
     for path, run in runs:
         name, cell = run.get("name"), run.get("cell")
-        if not name or not cell:
+        if not name or not cell or "__" in cell:
             continue
         grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
         old = found.setdefault(run["task"], {}).get(cell)

@@ -66,3 +66,27 @@ def test_report_writes_verdicts_fills_the_readme_and_reads_diversity(tmp_path):
     assert "| 1 | not measured | not measured |" in table  # alpha 1: seed 1 peaked at update 0, no diversity
     readme = (out / "README.md").read_text()
     assert "edge alpha+1 seed 1 (0.5020)" in readme and "old" not in readme and readme.endswith("more\n")
+
+
+def test_one_seed_scale_study_has_no_verdict_and_montage_keeps_g1(tmp_path):
+    from PIL import Image
+
+    def run(alpha, g, peak):
+        cell = f"alpha{alpha:+g}" + ("" if g == 1 else f"__g{g:g}")
+        s = {"weighting": "fixed", "target": None, "alpha": alpha, "g": g}
+        return {"task": "mixed", "cell": cell, "settings": s, "seed": 7, "peak": peak, "peak_update": 100,
+                "name": f"mixed__{cell}__seed7"}  # fmt: skip
+
+    # one seed; alpha 0 has the best peak at g = 1, alpha -.5 at g = 2
+    rows = [run(a, 1.0, 0.8 + 0.01 * a) for a in (-1.0, -0.5, 0.0)]
+    rows += [run(a, 2.0, 0.8 - 0.01 * (a + 0.5) ** 2) for a in (-1.0, -0.5, 0.0)]
+    (tmp_path / "grid.json").write_text(json.dumps({"runs": rows}))
+    for r in rows:  # every run saved a sample grid: 8 images of 4 pixels a row, 2-pixel padding
+        (tmp_path / "arms" / r["name"] / "samples").mkdir(parents=True)
+        Image.new("RGB", (50, 50), (200, 30, 30)).save(tmp_path / "arms" / r["name"] / "samples" / "update_00100.png")
+    out = tmp_path / "out"
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(tmp_path / "grid.json"),), out=str(out)))
+    (line,) = [t for t in (out / "verdicts.md").read_text().splitlines() if t.startswith("mixed (n = 1)")]
+    assert "kept at every g: n/a" in line  # one seed: no verdict, though the best mean moves
+    montage = Image.open(out / "samples.jpg")
+    assert montage.width == pytest.approx(3 * 120, abs=4)  # three g = 1 cells, the g = 2 cells left out
