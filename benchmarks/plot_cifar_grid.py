@@ -616,7 +616,7 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, checks: List[str], rep
         checks.append("| " + " | ".join(cells) + " |")
     if keep is None:
         return
-    word = "**differs**" if moved else "n/a" if len(seeds) < 2 or "n/a" in keep_words else "**holds**"
+    word = "**differs**" if moved else "n/a" if len(seeds) < 2 else "**holds**"
     report.add(
         "scale",
         f"- **{reward}** ({tag} seeds, g = {names(s['gs'])}): best mean shape per g "
