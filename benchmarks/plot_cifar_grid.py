@@ -516,7 +516,7 @@ def scale_summaries(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> List[Di
     return [first, scale_summary({g: by_g[g] for g in wider})]
 
 
-def write_scale(data: Peaks, out: Path, report: Report) -> None:
+def write_scale(data: Peaks, info, out: Path, report: Report) -> None:
     summaries = {r: scale_summaries(data[r]) for r in sorted(data) if len(data[r]) > 1}
     for r, (s, *_) in summaries.items():
         if s["incomplete"]:
@@ -533,8 +533,8 @@ def write_scale(data: Peaks, out: Path, report: Report) -> None:
     checks = [
         "| reward | seeds | g | best mean shape | tied with the best | paper's shape | paper's shape minus best |"
     ]
-    checks[-1] += " g = 1 winner minus best |"
-    checks.append("|---" * 8 + "|")
+    checks[-1] += " g = 1 winner minus best | best shape's diversity (cos) | classes |"
+    checks.append("|---" * 10 + "|")
     for ax, (reward, s) in zip(axes[0], panels):
         cells = [f"{s['winners'][g]:g}" if g in s["winners"] else "-" for g in PAPER_GS]
         seeds = ", ".join(map(str, s["seeds"]))
@@ -542,7 +542,7 @@ def write_scale(data: Peaks, out: Path, report: Report) -> None:
         if reward in PAPER_SCALE and s is summaries[reward][-1]:
             won, regret = PAPER_SCALE[reward]
             lines.append(f"| {reward} | paper | n = 3 | " + " | ".join(f"{a:g}" for a in won) + f" | {regret:.4f} |")
-        scale_checks(reward, s, data[reward], checks, report)
+        scale_checks(reward, s, data[reward], info.get(reward, {}), checks, report)
         tied, n = s["tied_ranks"], len(s["seeds"])
         ax.set(title=f"{reward}, n = {n} seed{'s' * (n != 1)}", xlabel="scale g", ylabel="alpha")
         ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
@@ -570,9 +570,10 @@ def write_scale(data: Peaks, out: Path, report: Report) -> None:
     print(f"wrote {out / 'scale_ranks.png'} {out / 'scale.md'}")
 
 
-def scale_checks(reward: str, s: Dict[str, object], by_g, checks: List[str], report: Report) -> None:
-    """Per scale of one scale summary: the shapes tied with the best mean, the paper's shape (tab:scale)
-    and the g = 1 winner against the best; then the attainable reward at each g against g = 1."""
+def scale_checks(reward: str, s: Dict[str, object], by_g, info, checks: List[str], report: Report) -> None:
+    """Per scale of one scale summary: the shapes tied with the best mean, the paper's shape (tab:scale),
+    the g = 1 winner against the best and the best shape's diversity at its peaks (info: g -> alpha -> seed
+    -> run_info); then the attainable reward at each g against g = 1."""
     seeds, alphas = s["seeds"], s["alphas"]
     paper = dict(zip(PAPER_GS, PAPER_SCALE[reward][0])) if reward in PAPER_SCALE else {}
     keep = s["winners"].get(1.0)
@@ -613,6 +614,7 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, checks: List[str], rep
             cells.append(diff_text(row))
             keep_words.append(row["verdict"])
             moved += [g] if row["verdict"] == "loss" else []
+        cells += div_text([info[g][best][k] for k in seeds if k in info.get(g, {}).get(best, {})])
         checks.append("| " + " | ".join(cells) + " |")
     if keep is None:
         return
@@ -1074,7 +1076,7 @@ def report(args: Args) -> None:
     rep, info, cells = Report(), fixed_alpha_info(runs), cell_info(runs)
     write_landscape(data, info, out, rep)
     write_targets(target_peaks(runs, data), info, cells, out, rep)
-    write_scale(data, out, rep)
+    write_scale(data, info, out, rep)
     write_rules(rule_peaks(runs), data, cells, info, out, rep)
     write_estimators(estimator_pairs(runs), data, out, rep)
     write_update0(runs, rep)

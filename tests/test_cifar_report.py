@@ -75,7 +75,7 @@ def test_one_seed_scale_study_has_no_verdict_and_montage_keeps_g1(tmp_path):
         cell = f"alpha{alpha:+g}" + ("" if g == 1 else f"__g{g:g}")
         s = {"weighting": "fixed", "target": None, "alpha": alpha, "g": g}
         return {"task": "mixed", "cell": cell, "settings": s, "seed": 7, "peak": peak, "peak_update": 100,
-                "name": f"mixed__{cell}__seed7"}  # fmt: skip
+                "name": f"mixed__{cell}__seed7", "div_cos_at_peak": 0.1 + alpha, "div_classes_at_peak": 4}  # fmt: skip
 
     # one seed; alpha 0 has the best peak at g = 1, alpha -.5 at g = 2
     rows = [run(a, 1.0, 0.8 + 0.01 * a) for a in (-1.0, -0.5, 0.0)]
@@ -88,5 +88,7 @@ def test_one_seed_scale_study_has_no_verdict_and_montage_keeps_g1(tmp_path):
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(tmp_path / "grid.json"),), out=str(out)))
     (line,) = [t for t in (out / "verdicts.md").read_text().splitlines() if t.startswith("mixed (n = 1)")]
     assert "kept at every g: n/a" in line  # one seed: no verdict, though the best mean moves
+    rows = (out / "scale.md").read_text().splitlines()
+    assert rows[-1].startswith("| mixed | 7 | 2 | -0.5 |") and rows[-1].endswith("| -0.400 | 4.0 |")  # best at g = 2
     montage = Image.open(out / "samples.jpg")
     assert montage.width == pytest.approx(3 * 120, abs=4)  # three g = 1 cells, the g = 2 cells left out
