@@ -898,7 +898,7 @@ def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
     for path, run in runs:
         name, cell = run.get("name"), run.get("cell")
-        if not name or not cell or "__" in cell:
+        if not name or not cell or float(run["settings"].get("g", 1.0)) != 1.0:
             continue
         grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
         old = found.setdefault(run["task"], {}).get(cell)
