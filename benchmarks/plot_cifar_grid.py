@@ -20,8 +20,9 @@ file's run replaces an earlier one's. Writes:
 * where grids ran the q+Z and explicit estimators on the same profiles: `estimators.md`, the peak
   differences q+Z - explicit paired by (reward, profile, g, seed), mean +- SD and W/T/L at tolerance
   .003, beside tab:sampling;
-* where the runs' folders still hold sample grids: `samples.jpg`, a corner of each run's last sample
-  grid (one seed), per reward and weighting; a run without one gets a panel marked "no sample grid saved";
+* where the runs' folders still hold sample grids: `samples_s<seed>.jpg`, a corner of each run's last
+  sample grid (one seed), per reward and weighting; a run without one gets a panel marked "no sample grid
+  saved";
 * `verdicts.json` / `verdicts.md`: every comparison above decided by one rule (RULE, `verdict`: the paired
   difference over seeds is a win or loss beyond 2 SE, else a tie; n/a under 2 pairs), the generated
   verdict text, and the peaks that are the untrained update-0 value; the blocks of `<out>/README.md`
@@ -892,9 +893,9 @@ def profile_alpha(profile: str) -> float:
         return float("nan")
 
 
-def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
-    """reward -> cell -> the last sample grid of the run with the lowest seed whose folder has one, for the
-    cells at g = 1 (the landscape's); the run folders are found beside each grid.json (arms/NAME/samples)."""
+def last_samples(runs: Runs) -> Dict[str, Dict[str, Tuple[int, Path]]]:
+    """reward -> cell -> (seed, the last sample grid) of the run with the lowest seed whose folder has one, for
+    the cells at g = 1 (the landscape's); the run folders are found beside each grid.json (arms/NAME/samples)."""
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
     for path, run in runs:
         name, cell = run.get("name"), run.get("cell")
@@ -904,7 +905,7 @@ def last_samples(runs: Runs) -> Dict[str, Dict[str, Path]]:
         old = found.setdefault(run["task"], {}).get(cell)
         if grids and (old is None or int(run["seed"]) < old[0]):
             found[run["task"]][cell] = (int(run["seed"]), grids[-1])
-    return {r: {c: v[1] for c, v in cells.items()} for r, cells in found.items() if cells}
+    return {r: cells for r, cells in found.items() if cells}
 
 
 def write_summary(runs: Runs, report: Report) -> None:
@@ -942,28 +943,27 @@ def write_summary(runs: Runs, report: Report) -> None:
 NO_SAMPLES = "no sample\ngrid saved"
 
 
-def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 3) -> None:
-    """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
-    padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel."""
-    if not samples:
-        return
-    from PIL import Image
+def sample_cells(cells) -> List[str]:
+    """The montage's column order: the alphas ascending, then named cells."""
 
     def order(cell: str) -> Tuple[int, float, str]:
         return (0, float(cell[5:]), "") if cell.startswith("alpha") else (1, 0.0, cell)
 
-    cells = sorted({c for by_cell in samples.values() for c in by_cell}, key=order)
-    rewards = sorted(samples)
+    return sorted(set(cells), key=order)
+
+
+def sample_axes(rewards: Sequence[str], cells: Sequence[str], image):
+    """The montage's figure: one panel a (reward, cell), `image(reward, cell)` drawn in it (None: a panel
+    marked NO_SAMPLES); tight layout. Returns (figure, axes[row][column])."""
     fig, axes = plt.subplots(len(rewards), len(cells), figsize=(1.2 * len(cells), 1.35 * len(rewards)), squeeze=False)
     for i, reward in enumerate(rewards):
         for j, cell in enumerate(cells):
             ax = axes[i][j]
             ax.set_xticks([])
             ax.set_yticks([])
-            if cell in samples[reward]:
-                image = Image.open(samples[reward][cell]).convert("RGB")
-                side = (image.width - 2) // 8 * corner + 2  # each image with its padding: (width - 2) / 8
-                ax.imshow(image.crop((0, 0, side, side)), interpolation="nearest")
+            picture = image(reward, cell)
+            if picture is not None:
+                ax.imshow(picture, interpolation="nearest")
             else:
                 ax.text(
                     0.5, 0.5, NO_SAMPLES, ha="center", va="center", fontsize=7, color="gray", transform=ax.transAxes
@@ -972,9 +972,31 @@ def write_samples(samples: Dict[str, Dict[str, Path]], out: Path, corner: int = 
             if j == 0:
                 ax.set_ylabel(reward, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "samples.jpg", dpi=100, pil_kwargs={"quality": 85})
+    return fig, axes
+
+
+def write_samples(samples: Dict[str, Dict[str, Tuple[int, Path]]], out: Path, corner: int = 3) -> Path:
+    """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
+    padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel. The
+    file is named by the panels' seeds, `samples_s<seed>[-<seed>...].jpg`, so that montages of other seeds
+    stay as they are."""
+    from PIL import Image
+
+    def image(reward: str, cell: str):
+        if cell not in samples[reward]:
+            return None
+        grid = Image.open(samples[reward][cell][1]).convert("RGB")
+        side = (grid.width - 2) // 8 * corner + 2  # each image with its padding: (width - 2) / 8
+        return grid.crop((0, 0, side, side))
+
+    seeds = sorted({seed for by_cell in samples.values() for seed, _ in by_cell.values()})
+    cells = sample_cells(c for by_cell in samples.values() for c in by_cell)
+    fig, _ = sample_axes(sorted(samples), cells, image)
+    path = out / f"samples_s{'-'.join(str(s) for s in seeds)}.jpg"
+    fig.savefig(path, dpi=100, pil_kwargs={"quality": 85})
     plt.close(fig)
-    print(f"wrote {out / 'samples.jpg'}")
+    print(f"wrote {path}")
+    return path
 
 
 def mark_blank_panels(path: Path, panel: Tuple[int, int] = (120, 135)) -> List[Tuple[int, int]]:
@@ -1081,7 +1103,9 @@ def report(args: Args) -> None:
     write_estimators(estimator_pairs(runs), data, out, rep)
     write_update0(runs, rep)
     write_summary(runs, rep)
-    write_samples(last_samples(runs), out)
+    samples = last_samples(runs)
+    if samples:
+        write_samples(samples, out)
     for path in args.mark_blank:
         mark_blank_panels(Path(path))
     write_verdicts(rep, out)

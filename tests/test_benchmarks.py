@@ -176,14 +176,15 @@ def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_see
     samples = plot_cifar_grid.last_samples(runs)
     assert samples == {
         "mixed": {
-            "alpha+0": tmp_path / "arms/alpha+0_1/samples/update_00020.png",
-            "eps": tmp_path / "arms/eps_1/samples/update_00060.png",
+            "alpha+0": (1, tmp_path / "arms/alpha+0_1/samples/update_00020.png"),
+            "eps": (1, tmp_path / "arms/eps_1/samples/update_00060.png"),
         }
     }
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
     table = (tmp_path / "out" / "targets.md").read_text()
     assert "| mixed | 0.7000 +- 0.1414 (n=2) | 0.5000 (n=1) | 0.1000 (n=1) | x0 |" in table
-    assert (tmp_path / "out" / "samples.jpg").stat().st_size > 1000
+    assert (tmp_path / "out" / "samples_s1.jpg").stat().st_size > 1000  # named by its one seed
+    assert not (tmp_path / "out" / "samples.jpg").exists()
 
 
 def test_rules_table_pairs_each_rule_with_the_x0_control_and_shows_a_paths_end_points(tmp_path):
@@ -289,3 +290,32 @@ def test_sps_benchmark_times_the_evaluation_points_it_is_asked_for(tmp_path):
     assert out["eval_s"] == pytest.approx(sum(out["eval_s_all"]) / 2) and out["eval_episodes"] == 2
     out = bench_robot_sps.main(bench_robot_sps.BenchArgs(**small))
     assert (out["eval_s"], out["eval_s_all"], out["eval_episodes"]) == (None, [], None)
+
+
+def test_montage_diversity_cuts_each_panels_nine_images_back_out_of_the_jpeg(tmp_path):
+    import montage_diversity as md
+    import numpy as np
+    import plot_cifar_grid
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    colours, samples = {}, {"edge": {}, "mixed": {}}
+    for reward, cell in (("edge", "alpha+0"), ("edge", "alpha+1"), ("mixed", "alpha+0")):
+        c = rng.integers(0, 256, (64, 3))  # one flat colour a tile of an 8 x 8 grid with 2-pixel padding
+        grid = np.full((274, 274, 3), 255, np.uint8)
+        for i in range(64):
+            y, x = 2 + 34 * (i // 8), 2 + 34 * (i % 8)
+            grid[y : y + 32, x : x + 32] = c[i]
+        path = tmp_path / f"{reward}_{cell}.png"
+        Image.fromarray(grid).save(path)
+        colours[(reward, cell)], samples[reward][cell] = c, (7, path)
+    montage = Image.open(plot_cifar_grid.write_samples(samples, tmp_path)).convert("RGB")
+    boxes = md.panel_boxes(["edge", "mixed"], ["alpha+0", "alpha+1"])
+    for key, c in colours.items():
+        tiles = md.cut(montage, boxes[key])
+        assert len(tiles) == 9
+        for k, tile in enumerate(tiles):  # row-major 3 x 3 corner of the grid
+            centre = tile[8:24, 8:24].reshape(-1, 3).mean(0)
+            assert np.abs(centre - c[8 * (k // 3) + k % 3]).max() < 16, (key, k)
+    assert md.cut(montage, boxes[("mixed", "alpha+1")]) == []  # the panel of a run without a grid
+    assert "Spearman 1.000" in md.calibration_text([(0.1, 0.1), (0.2, 0.25), (0.4, 0.5)])[0]
