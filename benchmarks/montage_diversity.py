@@ -25,11 +25,15 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
+import torch
 import tyro
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plot_cifar_grid as pcg  # noqa: E402
+
+from rewards import make_diversity_features, sample_diversity  # noqa: E402
 
 # The report's montages: file -> reward -> the seed whose runs it shows (benchmarks/cifar_results/README.md).
 MONTAGES = {
@@ -68,8 +72,6 @@ def panel_boxes(rewards: List[str], cells: List[str]) -> Dict[Tuple[str, str], T
 def cut(montage, box) -> List[np.ndarray]:
     """The CORNER x CORNER images (32 x 32 x 3, uint8) of one panel, resampled back to the grid's pixels;
     empty for a blank panel (a run without a sample grid)."""
-    from PIL import Image
-
     side = 34 * CORNER + 2
     a = np.asarray(montage.transform((side, side), Image.EXTENT, box, Image.BILINEAR))
     if a.mean() > 245:
@@ -78,10 +80,7 @@ def cut(montage, box) -> List[np.ndarray]:
 
 
 def measure(images: List[np.ndarray], features) -> Tuple[float, int]:
-    import torch
-
-    from rewards import sample_diversity
-
+    """(mean pairwise SimCLR cosine distance, distinct predicted classes) of uint8 images."""
     x = torch.tensor(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
     return sample_diversity(*features(x))
 
@@ -111,8 +110,6 @@ def calibration(folders: Dict[str, Path], features, tmp: Path) -> List[Tuple[flo
         samples: Dict[str, Dict[str, Tuple[int, Path]]] = {r: {} for r in rewards}
         for i, (grid, _) in enumerate(chunk):
             samples[rewards[i // len(cells)]][cells[i % len(cells)]] = (0, grid)
-        from PIL import Image
-
         montage = Image.open(pcg.write_samples(samples, tmp)).convert("RGB")
         for i, (_, logged) in enumerate(chunk):
             images = cut(montage, boxes[(rewards[i // len(cells)], cells[i % len(cells)])])
@@ -150,8 +147,7 @@ def calibration_text(pairs: List[Tuple[float, float]]) -> List[str]:
 
 
 def montage_rows(out: Path, folders: Dict[str, Path], features) -> List[str]:
-    from PIL import Image
-
+    """One table row per non-blank panel of the report's montages found in `out`."""
     lines = [
         "| montage | reward | weighting | seed | peak (update) | last update | diversity (cos, 9 images) | classes |",
         "|---|---|---|---|---|---|---|---|",
@@ -184,8 +180,6 @@ def montage_rows(out: Path, folders: Dict[str, Path], features) -> List[str]:
 
 
 def main(args: Args) -> None:
-    from rewards import make_diversity_features
-
     out = Path(args.out)
     features = make_diversity_features("cpu")
     with tempfile.TemporaryDirectory() as unpack:
