@@ -90,5 +90,5 @@ def test_one_seed_scale_study_has_no_verdict_and_montage_keeps_g1(tmp_path):
     assert "kept at every g: n/a" in line  # one seed: no verdict, though the best mean moves
     rows = (out / "scale.md").read_text().splitlines()
     assert rows[-1].startswith("| mixed | 7 | 2 | -0.5 |") and rows[-1].endswith("| -0.400 | 4.0 |")  # best at g = 2
-    montage = Image.open(out / "samples.jpg")
+    montage = Image.open(out / "samples_s7.jpg")  # named by its one seed
     assert montage.width == pytest.approx(3 * 120, abs=4)  # three g = 1 cells, the g = 2 cells left out
