@@ -42,7 +42,6 @@ MONTAGES = {
     "samples_s20260726.jpg": {"edge": 20260726, "mixed": 20260726, "simclr": 20260726},
 }
 ALPHAS = ("alpha-3", "alpha-2", "alpha-1", "alpha-0.5", "alpha+0", "alpha+0.5", "alpha+1", "alpha+1.5", "alpha+2")
-PANEL = (120, 135)  # pixels a panel takes: 1.2 x 1.35 inches at 100 dpi (write_samples)
 CORNER = 3
 
 
@@ -157,9 +156,10 @@ def montage_rows(out: Path, folders: Dict[str, Path], features) -> List[str]:
         if not path.is_file():
             continue
         montage = Image.open(path).convert("RGB")
-        cells = list(ALPHAS) + ["eps"] if montage.width // PANEL[0] == 10 else list(ALPHAS)
+        columns, rows = montage.width // pcg.PANEL_PIXELS[0], montage.height // pcg.PANEL_PIXELS[1]
+        cells = list(ALPHAS) + ["eps"] if columns == 10 else list(ALPHAS)
         rewards = sorted(seeds)
-        if montage.width // PANEL[0] != len(cells) or montage.height // PANEL[1] != len(rewards):
+        if columns != len(cells) or rows != len(rewards):
             raise SystemExit(f"error: {path} is {montage.size} pixels, not {len(cells)} x {len(rewards)} panels")
         boxes = panel_boxes(rewards, cells)
         for r in rewards:

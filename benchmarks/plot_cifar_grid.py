@@ -941,6 +941,7 @@ def write_summary(runs: Runs, report: Report) -> None:
 
 
 NO_SAMPLES = "no sample\ngrid saved"
+PANEL_PIXELS = (120, 135)  # a montage panel: 1.2 x 1.35 inches (sample_axes) at 100 dpi (write_samples)
 
 
 def sample_cells(cells) -> List[str]:
@@ -999,7 +1000,7 @@ def write_samples(samples: Dict[str, Dict[str, Tuple[int, Path]]], out: Path, co
     return path
 
 
-def mark_blank_panels(path: Path, panel: Tuple[int, int] = (120, 135)) -> List[Tuple[int, int]]:
+def mark_blank_panels(path: Path, panel: Tuple[int, int] = PANEL_PIXELS) -> List[Tuple[int, int]]:
     """Marks the empty panels of a sample montage that write_samples drew before it marked them (panels of
     `panel` pixels, 1.2 x 1.35 inches at 100 dpi): a panel whose middle is plain white gets NO_SAMPLES.
     Returns the (row, column) of each marked panel."""
