@@ -4,23 +4,11 @@ with TRITON_INTERPRET=1), on a GPU directly."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from triton_check import HAS_TRITON, run_check
 
 import robot_fpo as R
-
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import triton  # noqa: F401
-
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
 
 # (obs, act, hidden, layers, embed, draws, observations): rows that do not fill a tile, an output narrower
 # than 16, hidden widths of 16 to 256, one hidden-to-hidden layer or none.
@@ -88,24 +76,14 @@ print("checked", len(CASES))
 """
 
 
-def run_check(device: str, tol: float, interpret: bool) -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1" if interpret else "0")
-    code = f"CASES = {CASES!r}\n" + CHECK
-    out = subprocess.run(
-        [sys.executable, "-c", code, device, str(tol)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernels on the CPU)")
 def test_silu_kernels_match_their_rounding_and_the_actor_in_the_triton_interpreter():
-    assert f"checked {len(CASES)}" in run_check("cpu", 4e-4, interpret=True)
+    assert f"checked {len(CASES)}" in run_check(f"CASES = {CASES!r}\n" + CHECK, "cpu", 4e-4, interpret=True)
 
 
 @pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs a CUDA GPU and Triton")
 def test_silu_kernels_match_their_rounding_and_the_actor_on_gpu():
-    assert f"checked {len(CASES)}" in run_check("cuda", 4e-4, interpret=False)
+    assert f"checked {len(CASES)}" in run_check(f"CASES = {CASES!r}\n" + CHECK, "cuda", 4e-4, interpret=False)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="the module imports Triton")
