@@ -164,7 +164,7 @@ def silu_mlp_op(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor])
         grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
         a = x if i == 0 else outs[-1]
         _forward[grid](
-            a, w, b.float().contiguous(), c, M, N, K, ACT=i > 0, LAST=last, BM=BM, BN=BN, BK=32, F32=F32, num_warps=8
+            a, w, b.float().contiguous(), c, M, N, K, ACT=i > 0, LAST=last, BM=BM, BN=BN, BK=64, F32=F32, num_warps=8
         )
         outs.append(c)
     return [outs[-1], *outs[:-1]]
