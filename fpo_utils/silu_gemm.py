@@ -232,7 +232,7 @@ def actor_forward(actor, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) 
     """FlowActor.forward through these kernels: the same input rows, the MLP in bf16, the output float32."""
     ang = t.unsqueeze(-1) * actor.freqs
     obs = obs.expand(*x_t.shape[:-1], obs.shape[-1])
-    x = torch.cat([obs, x_t, torch.cos(ang), torch.sin(ang)], dim=-1)
+    x = torch.cat([obs, x_t, torch.cos(ang), torch.sin(ang)], dim=-1).to(torch.bfloat16)  # as the kernels round it
     lin = actor.net[::2]
     y = silu_mlp_op(x.reshape(-1, x.shape[-1]), [m.weight for m in lin], [m.bias for m in lin])[0]
     return y.reshape(*x.shape[:-1], y.shape[-1]) * actor.output_scale
