@@ -229,7 +229,10 @@ silu_mlp_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def actor_forward(actor, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """FlowActor.forward through these kernels: the same input rows, the MLP in bf16, the output float32."""
+    """FlowActor.forward through these kernels: the same input rows, the MLP in bf16, the output float32. They give
+    no gradient for the inputs, so inputs that need one are refused."""
+    if torch.is_grad_enabled() and any(v.requires_grad for v in (obs, x_t, t)):
+        raise RunError("the bf16 SiLU kernels give gradients for the weights only; an input requires one")
     ang = t.unsqueeze(-1) * actor.freqs
     obs = obs.expand(*x_t.shape[:-1], obs.shape[-1])
     x = torch.cat([obs, x_t, torch.cos(ang), torch.sin(ang)], dim=-1).to(torch.bfloat16)  # as the kernels round it

@@ -97,3 +97,13 @@ def test_silu_kernels_refuse_other_actors_in_one_line():
     nobias.net[2] = torch.nn.Linear(32, 32, bias=False)
     assert why_not(nobias) == "the bf16 SiLU kernels take Linear layers with biases"
     assert why_not(R.FlowActor(6, 2, 32, 2, 4, 0.25)) == ""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="the module imports Triton")
+def test_silu_kernels_refuse_inputs_that_need_a_gradient():
+    from fpo_utils.runfolder import RunError
+    from fpo_utils.silu_gemm import actor_forward
+
+    actor, x_t = R.FlowActor(6, 2, 32, 2, 4, 0.25), torch.randn(3, 2, requires_grad=True)
+    with pytest.raises(RunError, match="^the bf16 SiLU kernels give gradients for the weights only"):
+        actor_forward(actor, torch.randn(3, 6), x_t, torch.rand(3))
