@@ -459,6 +459,27 @@ def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
     (out / "landscape.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'landscape.png'} {out / 'landscape.md'}")
     landscape_text(data, found, report)
+    peak_table(data, found, report)
+
+
+def peak_table(data: Peaks, found: Dict[str, Dict[str, object]], report: Report) -> None:
+    """The README's landscape table: one row a reward, the peak's mean +- sample SD over seeds per alpha."""
+    alphas = sorted({a for reward in found for a in data[reward][1.0]})
+    lines = ["| alpha (seeds) | " + " | ".join(f"{a:g}" for a in alphas) + " |", "|---" * (len(alphas) + 1) + "|"]
+    for reward, v in found.items():
+        runs = data[reward][1.0]
+        n = sorted({len(runs[a]) for a in runs})
+        cells = [f"{reward} ({'-'.join(map(str, n))})"]
+        for a in alphas:
+            if a not in runs:
+                cells.append("")
+                continue
+            m, s = mean_sd(list(runs[a].values()))
+            cell = short(m) + ("" if math.isnan(s) else f" +- {short(s)}")
+            cell = f"**{cell}**" if a == v["best"] else cell
+            cells.append(cell + (" *" if a == v["paper"] else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    report.add("peaks", *lines)
 
 
 def landscape_text(data: Peaks, found: Dict[str, Dict[str, object]], report: Report) -> None:
@@ -660,6 +681,8 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
     head = "| reward | x0 (alpha 0) | v (alpha 1) | eps | best | x0 - v, paired | v - eps, paired | x0 - eps, paired |"
     lines = [head + " diversity (cos) x0 / v / eps | classes x0 / v / eps |", "|---" * 10 + "|"]
     orders, words = 0, []
+    table = ["| reward (seeds) | x0 (alpha 0) | v (alpha 1) | eps | diversity at the peak (cos) x0 / v / eps |"]
+    table.append("|---" * 5 + "|")
     for reward in rewards:
         row, means = [], {}
         for target in ("x0", "v", "eps"):
@@ -685,6 +708,7 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
         texts = [div_text(d) for d in divs]
         row += [" / ".join(t[0] for t in texts), " / ".join(t[1] for t in texts)]
         lines.append(f"| {reward} | " + " | ".join(row) + " |")
+        table.append(target_row(reward, peaks[reward], max(means, key=means.get), texts))
         orders += verdicts[:2] == ["win", "win"]
         words.append(f"{reward}: x0 - v {verdicts[0]}, v - eps {verdicts[1]}")
     word = "**holds**" if orders == len(rewards) else f"**holds on {orders} of {len(rewards)} rewards**"
@@ -692,11 +716,29 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
         "targets",
         f"- x0 above v above eps under the rule on {orders} of {len(rewards)} rewards ({'; '.join(words)}): {word}.",
     )
+    report.add("targets_table", *table)
     report.add(
         "summary_targets", f"x0 > v > eps (both steps wins) on {orders} of {len(rewards)} rewards ({'; '.join(words)})"
     )
     (out / "targets.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'targets.md'}")
+
+
+def short(x: float) -> str:
+    """Three decimals without the leading zero (.958)."""
+    return f"{x:.3f}".replace("0.", ".", 1)
+
+
+def target_row(reward: str, runs: Dict[str, Dict[int, float]], best: str, divs) -> str:
+    """The README's targets row: mean +- sample SD of the peak per target (the best in bold), diversity."""
+    cells = []
+    for target in ("x0", "v", "eps"):
+        peaks = list(runs.get(target, {}).values())
+        m, s = mean_sd(peaks) if peaks else (math.nan, math.nan)
+        cell = "-" if not peaks else short(m) + ("" if math.isnan(s) else f" +- {short(s)}")
+        cells.append(f"**{cell}**" if target == best else cell)
+    n = sorted({len(r) for r in runs.values()})
+    return f"| {reward} ({'-'.join(map(str, n))}) | " + " | ".join(cells) + f" | {' / '.join(d[0] for d in divs)} |"
 
 
 def paper_key(settings: dict) -> str:
@@ -941,6 +983,7 @@ def write_summary(runs: Runs, report: Report) -> None:
 
 
 NO_SAMPLES = "no sample\ngrid saved"
+NOT_RUN = "not run\nfor this reward"
 PANEL_PIXELS = (120, 135)  # a montage panel: 1.2 x 1.35 inches (sample_axes) at 100 dpi (write_samples)
 
 
@@ -955,7 +998,7 @@ def sample_cells(cells) -> List[str]:
 
 def sample_axes(rewards: Sequence[str], cells: Sequence[str], image):
     """The montage's figure: one panel a (reward, cell), `image(reward, cell)` drawn in it (None: a panel
-    marked NO_SAMPLES); tight layout. Returns (figure, axes[row][column])."""
+    marked NO_SAMPLES; a string: a panel marked with it); tight layout. Returns (figure, axes[row][column])."""
     fig, axes = plt.subplots(len(rewards), len(cells), figsize=(1.2 * len(cells), 1.35 * len(rewards)), squeeze=False)
     for i, reward in enumerate(rewards):
         for j, cell in enumerate(cells):
@@ -963,29 +1006,34 @@ def sample_axes(rewards: Sequence[str], cells: Sequence[str], image):
             ax.set_xticks([])
             ax.set_yticks([])
             picture = image(reward, cell)
-            if picture is not None:
-                ax.imshow(picture, interpolation="nearest")
+            if picture is None or isinstance(picture, str):
+                text = NO_SAMPLES if picture is None else picture
+                ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=7, color="gray", transform=ax.transAxes)
             else:
-                ax.text(
-                    0.5, 0.5, NO_SAMPLES, ha="center", va="center", fontsize=7, color="gray", transform=ax.transAxes
-                )
-            ax.set_title(cell.replace("alpha", "a "), fontsize=8)
+                ax.imshow(picture, interpolation="nearest")
+            title = cell.replace("alpha", "a ")
+            if title.startswith("schedule"):  # schedule-3to-0.5@160-260: too wide for the panel
+                title = "path " + title[8:].split("@")[0].replace("to", " to ")
+            ax.set_title(title, fontsize=8)
             if j == 0:
                 ax.set_ylabel(reward, fontsize=9)
     fig.tight_layout()
     return fig, axes
 
 
-def write_samples(samples: Dict[str, Dict[str, Tuple[int, Path]]], out: Path, corner: int = 3) -> Path:
+def write_samples(
+    samples: Dict[str, Dict[str, Tuple[int, Path]]], out: Path, corner: int = 3, ran: Dict[str, set] | None = None
+) -> Path:
     """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
-    padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel. The
+    padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel, and so
+    does a cell that `ran` (reward -> the cells that have runs) says no run of that reward has. The
     file is named by the panels' seeds, `samples_s<seed>[-<seed>...].jpg`, so that montages of other seeds
     stay as they are."""
     from PIL import Image
 
     def image(reward: str, cell: str):
         if cell not in samples[reward]:
-            return None
+            return NOT_RUN if ran is not None and cell not in ran.get(reward, ()) else None
         grid = Image.open(samples[reward][cell][1]).convert("RGB")
         side = (grid.width - 2) // 8 * corner + 2  # each image with its padding: (width - 2) / 8
         return grid.crop((0, 0, side, side))
@@ -1106,7 +1154,11 @@ def report(args: Args) -> None:
     write_summary(runs, rep)
     samples = last_samples(runs)
     if samples:
-        write_samples(samples, out)
+        ran: Dict[str, set] = {}
+        for _, run in runs:
+            if run.get("cell") and float(run["settings"].get("g", 1.0)) == 1.0:
+                ran.setdefault(run["task"], set()).add(run["cell"])
+        write_samples(samples, out, ran=ran)
     for path in args.mark_blank:
         mark_blank_panels(Path(path))
     write_verdicts(rep, out)

@@ -90,7 +90,11 @@ def test_landscape_pools_grid_parts_by_reward_alpha_and_seed(tmp_path):
     assert data == {"edge": {1.0: {0.0: {1: 0.5, 2: 0.7, 3: 0.9}, 1.0: {1: 0.4}}}}
     m, sd = plot_cifar_grid.mean_sd(list(data["edge"][1.0][0.0].values()))
     assert m == pytest.approx(0.7) and sd == pytest.approx(0.2)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "README.md").write_text("<!-- generated: peaks -->\nold\n<!-- end generated -->\n")
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(a), str(b)), out=str(tmp_path / "out")))
+    readme = (tmp_path / "out" / "README.md").read_text()  # the best bold, the paper's shape starred
+    assert "| edge (1-3) | **.700 +- .200** * | .400 |" in readme and "old" not in readme
     table = (tmp_path / "out" / "landscape.md").read_text()
     assert "| edge | 0 | 3 | 0.7000 +- 0.2000 | 1, 2, 3 | 0 |" in table
     assert "| edge | 1 | 1 | 0.4000 | 1 | 0 |" in table
@@ -180,7 +184,10 @@ def test_targets_table_takes_x0_and_v_from_alpha_runs_and_samples_the_lowest_see
             "eps": (1, tmp_path / "arms/eps_1/samples/update_00060.png"),
         }
     }
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "README.md").write_text("<!-- generated: targets_table -->\n<!-- end generated -->\n")
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    assert "| mixed (1-2) | **.700 +- .141** | .500 | .100 |" in (tmp_path / "out" / "README.md").read_text()
     table = (tmp_path / "out" / "targets.md").read_text()
     assert "| mixed | 0.7000 +- 0.1414 (n=2) | 0.5000 (n=1) | 0.1000 (n=1) | x0 |" in table
     assert (tmp_path / "out" / "samples_s1.jpg").stat().st_size > 1000  # named by its one seed
