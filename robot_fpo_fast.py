@@ -13,10 +13,9 @@ It imports the reference's flags, networks, losses, GAE and loop (``robot_fpo.ma
 Each sampler is checked against ``FlowActor.sample`` on a probe batch at setup and a mismatch stops the run with one
 line, so an edit to the reference's actor that a fast path cannot mirror is never trained silently. Tests:
 tests/test_robot_fpo_fast.py (one update and one rollout equal the reference's). Flags: robot_fpo.py's, plus the
-six below. The ``fpo`` preset turns on the first four, ``fpopp-locomotion`` compiled losses. ``--bf16`` is the one
+five below. The ``fpo`` preset turns on the first four, ``fpopp-locomotion`` compiled losses. ``--bf16`` is the one
 flag that changes the numbers (the trained actor's products in bfloat16; its update lands within bfloat16 rounding
-of the float32 one, tested): it is never a preset's default. ``--bf16-kernels`` computes that bf16 actor with SiLU
-folded into Triton matrix products (``fpo_utils/silu_gemm.py``; a candidate for speed, off everywhere).
+of the float32 one, tested): it is never a preset's default.
 
     python robot_fpo_fast.py --preset fpo --backend playground --env-id WalkerRun --alpha-eps 0.5
 """
@@ -43,7 +42,6 @@ class Args(R.Args):
     fused: bool = False  # on CUDA, the flow MLP and its Euler sampler as Triton kernels (fpo preset)
     scan_rollout: bool = False  # Playground: the rollout's steps as one JAX scan with a JAX sampler (fpo preset)
     bf16: bool = False  # on CUDA, the trained actor's products in bfloat16 (autocast); its output and losses float32
-    bf16_kernels: bool = False  # with --bf16, that actor as Triton products with SiLU folded in (fpo_utils/silu_gemm)
 
 
 PRESETS = {name: Args(**asdict(preset)) for name, preset in R.PRESETS.items()}
@@ -79,10 +77,8 @@ def build_state(args: Args, device: torch.device) -> State:
     obs_dim, evaluated = state.envs.route.actor_dim, state.ema if state.ema is not None else actor
     if args.bf16 and (not cuda or args.fused and not why_not_fused(actor)):
         raise RunError("--bf16 needs CUDA and torch's actor (--no-fused): the Triton kernels compute in float32")
-    if args.bf16_kernels and not args.bf16:
-        raise RunError("--bf16-kernels needs --bf16: the kernels compute the bf16 actor")
     if args.bf16:  # one function everywhere the trained actor runs: rollout, old losses, update
-        actor.forward = partial(bf16_kernel_forward(actor) if args.bf16_kernels else bf16_forward, actor)
+        actor.forward = partial(bf16_forward, actor)
     if args.fused and cuda and why_not_fused(actor):
         print(f"--fused: the actor keeps torch's forward and sampler ({why_not_fused(actor)})", flush=True)
     elif args.fused and cuda:  # Triton kernels for the same function, checked on a probe batch
@@ -132,16 +128,6 @@ def bf16_forward(actor, obs: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -
     """FlowActor.forward with its matrix products in bfloat16 (the time embedding and the output in float32)."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         return R.FlowActor.forward(actor, obs, x_t, t).float()
-
-
-def bf16_kernel_forward(actor):
-    """fpo_utils.silu_gemm's actor forward (it imports Triton), or one line saying why it cannot compute ``actor``."""
-    from fpo_utils import silu_gemm
-
-    why = silu_gemm.why_not(actor)
-    if why:
-        raise RunError(f"--bf16-kernels: {why}")
-    return silu_gemm.actor_forward
 
 
 def check_forward(actor, obs_dim: int, device, tol: float = 1e-4) -> None:

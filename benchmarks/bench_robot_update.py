@@ -4,8 +4,7 @@
   8 draws), or of `--preset fpopp-locomotion` (32 epochs x 4 minibatches of 24,576 transitions x 32
   draws), replayed as one captured minibatch step, in each of `--variants` (eager losses, `compile`d,
   the `fused` Triton MLP, the `bf16` actor, the `split` first layer: the observation's share once per
-  observation, not per draw; `silu`: the bf16 actor with SiLU folded into its products,
-  `fpo_utils/silu_gemm.py`; joined with +); seconds per update (median of
+  observation, not per draw; joined with +); seconds per update (median of
   `--repeats`), the first update (capture, compilation) apart, and a profile of the minibatch step's
   kernels for each compiled variant;
 - sampler: the rollout's Euler sampler for 2,048 environments (10 steps of the 4 x 32 MLP): eager
@@ -14,7 +13,7 @@
 
     python benchmarks/bench_robot_update.py --tasks AcrobotSwingup:6:1 WalkerRun:24:6 --out $OUT/update
     python benchmarks/bench_robot_update.py --preset fpopp-locomotion --tasks Spot:81:12 --skip sampler \
-        --variants eager compile bf16 compile+bf16 compile+silu --out $OUT/spot
+        --variants eager compile bf16 compile+bf16 --out $OUT/spot
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def split_forward(actor, obs, x_t, t, bf16: bool = False):
         return (actor.net[1:](h) * actor.output_scale).float()
 
 
-def make_state(args: F.Args, o: int, d: int, dev, forward: str = "") -> F.State:
+def make_state(args: F.Args, o: int, d: int, dev, split: bool = False) -> F.State:
     actor = R.FlowActor(
         o, d, args.actor_hidden, args.actor_layers, args.time_embed_dim, args.output_scale, args.time_embed_base
     ).to(dev)
@@ -58,12 +57,8 @@ def make_state(args: F.Args, o: int, d: int, dev, forward: str = "") -> F.State:
         actor.forward = partial(fused_forward(actor, True), actor)
     if args.bf16:
         actor.forward = partial(F.bf16_forward, actor)
-    if forward == "split":  # candidates, measured here before any trainer uses them
+    if split:  # a candidate, measured here before any trainer uses it
         actor.forward = partial(split_forward, actor, bf16=args.bf16)
-    if forward == "silu":
-        from fpo_utils.silu_gemm import actor_forward
-
-        actor.forward = partial(actor_forward, actor)
     critic = R.Critic(o, args.critic_hidden, args.critic_layers, args.critic_act).to(dev)
     opt = torch.optim.AdamW(
         [*actor.parameters(), *critic.parameters()],
@@ -125,10 +120,10 @@ def make_flat_batch(state: R.State, args: R.Args, o: int, d: int, dev) -> dict:
     return {"obs": obs, "x": x, "t": t, "eps": eps, "l_old": l_old, "adv": adv, "returns": returns}
 
 
-def time_update(args: R.Args, o: int, d: int, repeats: int, forward: str = "") -> dict:
+def time_update(args: R.Args, o: int, d: int, repeats: int, split: bool = False) -> dict:
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    state = make_state(args, o, d, dev, forward)
+    state = make_state(args, o, d, dev, split)
     batch = make_batch(state, args, o, d, dev)
     t0 = time.perf_counter()
     F.update(state, batch, args, 1.0)  # capture (and compilation) happen here
@@ -143,7 +138,6 @@ def time_update(args: R.Args, o: int, d: int, repeats: int, forward: str = "") -
         "compile": args.compile,
         "fused": args.fused,
         "bf16": args.bf16,
-        "forward": forward,
         "update_s": statistics.median(times),
         "all_s": times,
         "first_s": first,
@@ -153,10 +147,10 @@ def time_update(args: R.Args, o: int, d: int, repeats: int, forward: str = "") -
     }
 
 
-def profile_step(args: R.Args, o: int, d: int, path: Path, forward: str = "") -> None:
+def profile_step(args: R.Args, o: int, d: int, path: Path, split: bool = False) -> None:
     """Kernel table of 5 minibatch steps run outside any graph (eager or compiled losses)."""
     dev = torch.device("cuda")
-    state = make_state(args, o, d, dev, forward)
+    state = make_state(args, o, d, dev, split)
     batch = make_batch(state, args, o, d, dev)
     src = R.update_source(batch, args, 1.0)
     losses = lambda s, idx: R.minibatch_losses(state, s, idx, args)  # noqa: E731
@@ -361,10 +355,9 @@ def main() -> None:
         F.torch.compile = functools.partial(torch.compile, mode=a.compile_mode)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     base = F.PRESETS[a.preset]
-    parts = {"eager", "compile", "fused", "bf16", "split", "silu"}
-    unknown = [v for v in a.variants if not set(v.split("+")) <= parts or {"split", "silu"} <= set(v.split("+"))]
+    unknown = [v for v in a.variants if not set(v.split("+")) <= {"eager", "compile", "fused", "bf16", "split"}]
     if unknown:
-        p.error(f"--variants {unknown}: each is eager or compile, fused, bf16, split or silu joined with +")
+        p.error(f"--variants {unknown}: each is eager or compile, fused, bf16, split joined with +")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
     for task in a.rollout:
         result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)
@@ -378,13 +371,13 @@ def main() -> None:
             print(name, "sampler", json.dumps(res["sampler"]), flush=True)
         for variant in a.variants:
             flags = {f: f in variant.split("+") for f in ("compile", "fused", "bf16")}
-            args, forward = replace(base, **flags), "".join(set(variant.split("+")) & {"split", "silu"})
+            args, split = replace(base, **flags), "split" in variant.split("+")
             if "update" not in a.skip:
-                res[f"update_{variant}"] = time_update(args, o, d, a.repeats, forward)
+                res[f"update_{variant}"] = time_update(args, o, d, a.repeats, split)
                 print(name, "update", variant, json.dumps(res[f"update_{variant}"]), flush=True)
             if "profile" not in a.skip and args.compile:
                 path = a.out / f"profile_{name}_{variant.replace('+', '_')}.txt"  # compile_bf16, not compile+bf16
-                profile_step(args, o, d, path, forward)
+                profile_step(args, o, d, path, split)
         (a.out / "update.json").write_text(json.dumps(result, indent=1))
 
 

@@ -33,18 +33,18 @@ from fpo_utils.runfolder import RunError, cli, read_jsonl  # noqa: E402
 from fpo_utils.samplers import GraphedSampler, NumpySampler  # noqa: E402
 
 CPU = torch.device("cpu")
-FAST_FLAGS = ("cuda_graph", "compile", "fused", "scan_rollout", "bf16", "bf16_kernels")
+FAST_FLAGS = ("cuda_graph", "compile", "fused", "scan_rollout", "bf16")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def fast_args(tmp_path, **kw) -> F.Args:
-    """tiny_args (tests/test_robot_fpo.py) as the fast variant's flags; its six flags may be given too."""
+    """tiny_args (tests/test_robot_fpo.py) as the fast variant's flags; its five flags may be given too."""
     flags = {k: kw.pop(k) for k in FAST_FLAGS if k in kw}
     return F.Args(**asdict(tiny_args(tmp_path, **kw)), **flags)
 
 
 def ref_args(args: F.Args) -> R.Args:
-    """The same run as the reference's flags (without the fast variant's six)."""
+    """The same run as the reference's flags (without the fast variant's five)."""
     return R.Args(**{f.name: getattr(args, f.name) for f in fields(R.Args)})
 
 
@@ -106,7 +106,7 @@ UPDATE_CASES = [("fpo", 0), ("fpopp", 0), ("fpo", 8), ("fpopp", 8)]
 
 def test_fast_flags_and_presets():
     names = [f.name for f in fields(F.Args)]
-    assert names[: len(fields(R.Args))] == [f.name for f in fields(R.Args)] and names[-6:] == list(FAST_FLAGS)
+    assert names[: len(fields(R.Args))] == [f.name for f in fields(R.Args)] and names[-5:] == list(FAST_FLAGS)
     assert not set(FAST_FLAGS) & set(R.Args.__dataclass_fields__)
     default = F.Args()
     assert default.cuda_graph and not (default.compile or default.fused or default.scan_rollout or default.bf16)
@@ -115,9 +115,9 @@ def test_fast_flags_and_presets():
         assert isinstance(preset, F.Args) and ref_args(preset) == R.PRESETS[name], name
         on = name == "fpo"  # the GPU fast paths: the fpo preset, and compiled losses for legged robots
         assert (preset.compile, preset.fused, preset.scan_rollout) == (on or name == "fpopp-locomotion", on, on), name
-        assert preset.cuda_graph and not (preset.bf16 or preset.bf16_kernels), name  # bf16: never a preset's default
-    assert set(FAST_FLAGS) - {"bf16", "bf16_kernels"} <= set(F.MAY_CHANGE) and set(R.MAY_CHANGE) <= set(F.MAY_CHANGE)
-    assert not {"bf16", "bf16_kernels"} & set(F.MAY_CHANGE)  # a resume may not switch the precision of a run
+        assert preset.cuda_graph and not preset.bf16, name  # bf16 changes the numbers: never a preset's default
+    assert set(FAST_FLAGS) - {"bf16"} <= set(F.MAY_CHANGE) and set(R.MAY_CHANGE) <= set(F.MAY_CHANGE)
+    assert "bf16" not in F.MAY_CHANGE  # a resume may not switch the precision of a run
 
 
 def test_bf16_is_refused_where_it_cannot_apply(tmp_path):
@@ -125,8 +125,6 @@ def test_bf16_is_refused_where_it_cannot_apply(tmp_path):
     with pytest.raises(RunError, match="--bf16 needs CUDA") as err:
         F.build_state(fast_args(tmp_path, bf16=True), CPU)
     assert "\n" not in str(err.value)
-    with pytest.raises(RunError, match="^--bf16-kernels needs --bf16: the kernels compute the bf16 actor$"):
-        F.build_state(fast_args(tmp_path, bf16_kernels=True), CPU)
 
 
 # ---------------------------------------------------------------------------- the update (CPU)
@@ -510,18 +508,16 @@ def test_a_captured_step_skips_an_overflowing_ratio_as_the_reference_does_on_gpu
 
 
 @needs_cuda
-@pytest.mark.parametrize("kernels", [False, True])
-def test_bf16_actor_is_one_function_in_rollout_and_update_and_near_float32_on_gpu(tmp_path, no_tf32, kernels):
-    # --bf16 (with --bf16-kernels, through fpo_utils/silu_gemm.py) patches the trained actor's forward; the
-    # captured update then computes what the reference's eager update computes with the same patched actor, and
-    # lands within bfloat16 rounding of the float32 update.
-    args = gpu_args(tmp_path, objective="fpopp", bf16=True, bf16_kernels=kernels, actor_ema=0.9)
+def test_bf16_actor_is_one_function_in_rollout_and_update_and_near_float32_on_gpu(tmp_path, no_tf32):
+    # --bf16 patches the trained actor's forward; the captured update then computes what the reference's eager
+    # update computes with the same patched actor, and lands within bfloat16 rounding of the float32 update.
+    args = gpu_args(tmp_path, objective="fpopp", bf16=True, actor_ema=0.9)
     ref, fast = ref_and_fast(args, torch.device("cuda"))
     assert "forward" in vars(fast.actor) and "forward" not in vars(fast.ema)  # the evaluated EMA copy: float32
     ref32 = R.build_state(ref_args(args), torch.device("cuda"))
     for p, q in zip(params(ref), params(ref32), strict=True):
         q.data.copy_(p.data)
-    ref.actor.forward = partial(F.bf16_kernel_forward(ref.actor) if kernels else F.bf16_forward, ref.actor)
+    ref.actor.forward = partial(F.bf16_forward, ref.actor)
     obs, x_t = torch.randn(64, ref.obs.shape[1], device="cuda"), torch.randn(64, ref.actor.act_dim, device="cuda")
     t = torch.rand(64, device="cuda")
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Running a Triton check script in a subprocess (shared by the kernel tests): on the CPU through Triton's
+"""Running a Triton check script in a subprocess (for tests/test_flow_triton.py): on the CPU through Triton's
 interpreter (TRITON_INTERPRET=1), on a GPU directly."""
 
 import os
