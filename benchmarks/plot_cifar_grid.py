@@ -724,9 +724,9 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
     print(f"wrote {out / 'targets.md'}")
 
 
-def short(x: float) -> str:
-    """Three decimals without the leading zero (.958)."""
-    return f"{x:.3f}".replace("0.", ".", 1)
+def short(x: float, digits: int = 3) -> str:
+    """``digits`` decimals without the leading zero (.958)."""
+    return f"{x:.{digits}f}".replace("0.", ".", 1)
 
 
 def target_row(reward: str, runs: Dict[str, Dict[int, float]], best: str, divs) -> str:
@@ -757,6 +757,7 @@ def write_rules(rules: Rules, data: Peaks, cells, info, out: Path, report: Repor
     lines = ["| reward | weighting | n | peak mean +- SD | minus x0, paired (seeds) | SE | vs x0 | paper (n = 3) |"]
     lines[-1] += " diversity (cos) | classes |"
     lines.append("|---" * 10 + "|")
+    table: Dict[str, Dict[str, Tuple[List[float], str]]] = {}  # rule cell -> reward -> (peaks, minus x0)
     for reward in sorted(rules):
         fixed = data.get(reward, {}).get(1.0, {})
         x0 = fixed.get(0.0, {})
@@ -789,9 +790,50 @@ def write_rules(rules: Rules, data: Peaks, cells, info, out: Path, report: Repor
             cos, classes = div_text(list(infos.values()))
             cols = [reward, f"{label}{note}", str(len(values)), pm(values), diff, se, vs, paper, cos, classes]
             lines.append("| " + " | ".join(cols) + " |")
+            if key in ("static-softmax", "online-ema"):
+                table.setdefault(label, {})[reward] = (values, diff.split(" (")[0])
         rules_text(reward, rules[reward], fixed, report)
     (out / "rules.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'rules.md'}")
+    rules_table(table, report)
+
+
+def rule_label(cell: str) -> str:
+    """static-softmax-eta0.75 -> static softmax eta .75; online-ema-kappa300-uniform -> online EMA (kappa 300,
+    uniform start)."""
+    if cell.startswith("static-softmax-eta"):
+        return "static softmax eta " + cell[len("static-softmax-eta") :].lstrip("0")
+    m = re.fullmatch(r"online-ema-kappa([\d.]+)-(\w+)", cell)
+    return f"online EMA (kappa {m.group(1)}, {m.group(2)} start)" if m else cell
+
+
+def rules_table(table: Dict[str, Dict[str, Tuple[List[float], str]]], report: Report) -> None:
+    """The README's rules table: per static or online rule and reward, the peak's mean +- SD (the best mean
+    of each reward in bold) and its mean paired difference from x0, then the paper's online numbers."""
+    rewards = sorted({r for by in table.values() for r in by})
+    if not rewards:
+        return
+    best = {r: max((c for c in table if r in table[c]), key=lambda c: mean_sd(table[c][r][0])[0]) for r in rewards}
+    lines = ["| weighting | " + " | ".join(f"{r} (seeds) | minus x0" for r in rewards) + " |"]
+    lines.append("|---" * (1 + 2 * len(rewards)) + "|")
+    static = "static-softmax-eta"  # 18 characters
+    for cell in sorted(table, key=lambda c: (not c.startswith(static), float(c[18:]) if c.startswith(static) else 0)):
+        cols = [rule_label(cell)]
+        for r in rewards:
+            values, diff = table[cell].get(r, ([], ""))
+            if not values:
+                cols += ["", ""]
+                continue
+            m, sd = mean_sd(values)
+            text = short(m, 4) + ("" if math.isnan(sd) else f" +- {short(sd, 4)}") + f" ({len(values)})"
+            cols += [f"**{text}**" if best[r] == cell else text, diff.replace("0.", ".", 1)]
+        lines.append("| " + " | ".join(cols) + " |")
+    cols = ["paper: online coherence (n = 3)"]
+    for r in rewards:
+        p = PAPER_RULES.get((r, "online-ema"))
+        cols += ["" if p is None else f"{short(p[0])} +- {short(p[1])}", ""]
+    lines.append("| " + " | ".join(cols) + " |")
+    report.add("rules_table", *lines)
 
 
 def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report: Report) -> None:
@@ -884,7 +926,9 @@ def write_estimators(
     lines[-1] += " verdict |"
     lines.append("|---" * 9 + "|")
     per_profile = ["| reward | profile | q+Z - explicit over seeds | q+Z - q+a over seeds |", "|---" * 4 + "|"]
-    summary = []
+    summary, table = [], ["| reward | pairs | q+Z - explicit (mean +- SD) | W/T/L at .003 | paper: pairs | paper |"]
+    table[0] += " paper W/T/L |"
+    table.append("|---" * 7 + "|")
     for reward, rows in pairs.items():
         diffs = [q - e for _, _, q, e in rows]
         wtl = [sum(d > TIE_TOLERANCE for d in diffs), sum(abs(d) <= TIE_TOLERANCE for d in diffs)]
@@ -895,6 +939,14 @@ def write_estimators(
         ours = [str(len(diffs)), pm(diffs, "+"), "/".join(map(str, wtl))]
         se = "" if row["se"] is None else f"{row['se']:.4f}"
         lines.append(f"| {reward} | " + " | ".join(ours + paper + [se, row["verdict"]]) + " |")
+        names = {p: profile_alpha(p) for p, *_ in rows}  # fixed alphas by value, other profiles by name
+        alphas = sorted(a for a in names.values() if not math.isnan(a))
+        profiles = ", ".join([f"alpha {', '.join(f'{a:g}' for a in alphas)}"] * bool(alphas))
+        profiles = ", ".join([profiles] * bool(profiles) + sorted(p for p, a in names.items() if math.isnan(a)))
+        m, sd = mean_sd(diffs)
+        seeds = len({k for _, k, *_ in rows})
+        cells = [f"{len(diffs)} ({profiles}; {seeds} seeds)", f"{m:+.4f} +- {sd:.4f}".replace("0.", ".")]
+        table.append(f"| {reward} | " + " | ".join(cells + ["/".join(map(str, wtl)), *paper]) + " |")
         qa_all = []
         for profile in dict.fromkeys(p for p, *_ in rows):
             sub = [(k, q, e) for p, k, q, e in rows if p == profile]
@@ -923,6 +975,7 @@ def write_estimators(
     for reward, rows in pairs.items():
         lines += [f"| {reward} | {p} | {s} | {q:.4f} | {e:.4f} | {q - e:+.4f} |" for p, s, q, e in rows]
     report.add("summary_estimators", "; ".join(summary))
+    report.add("estimators_table", *table)
     (out / "estimators.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'estimators.md'}")
 

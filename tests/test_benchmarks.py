@@ -213,7 +213,12 @@ def test_rules_table_pairs_each_rule_with_the_x0_control_and_shows_a_paths_end_p
     runs = plot_cifar_grid.grid_runs((str(grid),))
     rules = plot_cifar_grid.rule_peaks(runs)
     assert list(rules["mixed"]) == ["schedule-3to-0.5@160-260", "online-ema-kappa300-uniform"]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "README.md").write_text("<!-- generated: rules_table -->\n<!-- end generated -->\n")
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    readme = (tmp_path / "out" / "README.md").read_text()  # static and online rules only, the paper's below
+    assert "| online EMA (kappa 300, uniform start) | **.7500 (1)** | +.0500 |" in readme
+    assert "| paper: online coherence (n = 3) | .542 +- .176 |  |" in readme and "schedule" not in readme
     table = (tmp_path / "out" / "rules.md").read_text().splitlines()[4:]  # after the verdict rule and the header
     nm = "| not measured | not measured |"  # no diversity in these runs
     assert table == [
@@ -247,7 +252,11 @@ def test_estimator_pairs_match_profile_scale_and_seed_and_count_ties_at_the_tole
     grid.write_text(json.dumps({"runs": rows}))
     pairs = plot_cifar_grid.estimator_pairs(plot_cifar_grid.grid_runs((str(grid),)))
     assert pairs == {"edge": [("alpha+0", 1, 0.905, 0.9), ("alpha+0", 2, 0.802, 0.8), ("alpha+0__g2", 1, 0.7, 0.71)]}
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "README.md").write_text("<!-- generated: estimators_table -->\n<!-- end generated -->\n")
     plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(grid),), out=str(tmp_path / "out")))
+    row = "| edge | 3 (alpha 0, alpha+0__g2; 2 seeds) | -.0010 +- .0079 | 1/1/1 | 27 | +0.00796 +- 0.00538 | 23/4/0 |"
+    assert row in (tmp_path / "out" / "README.md").read_text()
     table = (tmp_path / "out" / "estimators.md").read_text()
     assert "| edge | 3 | -0.0010 +- 0.0079 | 1/1/1 | 27 | +0.00796 +- 0.00538 | 23/4/0 |" in table
     assert "| edge | alpha+0__g2 | 1 | 0.7000 | 0.7100 | -0.0100 |" in table
