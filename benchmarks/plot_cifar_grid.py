@@ -245,10 +245,12 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
     return m, sd
 
 
-def pm(values: List[float], sign: str = "") -> str:
-    """'mean +- SD' of the values (the mean alone for one value); sign "+" writes the mean's sign."""
+def pm(values: List[float], sign: str = "", digits: int = 4, lead: bool = True) -> str:
+    """'mean +- SD' of the values (the mean alone for one value); sign "+" writes the mean's sign; without
+    ``lead``, no leading zeros (.958 +- .004, as the README's tables write them)."""
     m, sd = mean_sd(values)
-    return f"{m:{sign}.4f}" + ("" if math.isnan(sd) else f" +- {sd:.4f}")
+    text = f"{m:{sign}.{digits}f}" + ("" if math.isnan(sd) else f" +- {sd:.{digits}f}")
+    return text if lead else text.replace("0.", ".")
 
 
 RULE = (
@@ -474,8 +476,7 @@ def peak_table(data: Peaks, found: Dict[str, Dict[str, object]], report: Report)
             if a not in runs:
                 cells.append("")
                 continue
-            m, s = mean_sd(list(runs[a].values()))
-            cell = short(m) + ("" if math.isnan(s) else f" +- {short(s)}")
+            cell = pm(list(runs[a].values()), digits=3, lead=False)
             cell = f"**{cell}**" if a == v["best"] else cell
             cells.append(cell + (" *" if a == v["paper"] else ""))
         lines.append("| " + " | ".join(cells) + " |")
@@ -724,18 +725,12 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
     print(f"wrote {out / 'targets.md'}")
 
 
-def short(x: float, digits: int = 3) -> str:
-    """``digits`` decimals without the leading zero (.958)."""
-    return f"{x:.{digits}f}".replace("0.", ".", 1)
-
-
 def target_row(reward: str, runs: Dict[str, Dict[int, float]], best: str, divs) -> str:
     """The README's targets row: mean +- sample SD of the peak per target (the best in bold), diversity."""
     cells = []
     for target in ("x0", "v", "eps"):
         peaks = list(runs.get(target, {}).values())
-        m, s = mean_sd(peaks) if peaks else (math.nan, math.nan)
-        cell = "-" if not peaks else short(m) + ("" if math.isnan(s) else f" +- {short(s)}")
+        cell = pm(peaks, digits=3, lead=False) if peaks else "-"
         cells.append(f"**{cell}**" if target == best else cell)
     n = sorted({len(r) for r in runs.values()})
     return f"| {reward} ({'-'.join(map(str, n))}) | " + " | ".join(cells) + f" | {' / '.join(d[0] for d in divs)} |"
@@ -816,22 +811,22 @@ def rules_table(table: Dict[str, Dict[str, Tuple[List[float], str]]], report: Re
     best = {r: max((c for c in table if r in table[c]), key=lambda c: mean_sd(table[c][r][0])[0]) for r in rewards}
     lines = ["| weighting | " + " | ".join(f"{r} (seeds) | minus x0" for r in rewards) + " |"]
     lines.append("|---" * (1 + 2 * len(rewards)) + "|")
-    static = "static-softmax-eta"  # 18 characters
-    for cell in sorted(table, key=lambda c: (not c.startswith(static), float(c[18:]) if c.startswith(static) else 0)):
+    static = "static-softmax-eta"
+    eta = lambda c: float(c[len(static) :]) if c.startswith(static) else 0.0  # noqa: E731
+    for cell in sorted(table, key=lambda c: (not c.startswith(static), eta(c))):
         cols = [rule_label(cell)]
         for r in rewards:
             values, diff = table[cell].get(r, ([], ""))
             if not values:
                 cols += ["", ""]
                 continue
-            m, sd = mean_sd(values)
-            text = short(m, 4) + ("" if math.isnan(sd) else f" +- {short(sd, 4)}") + f" ({len(values)})"
+            text = pm(values, lead=False) + f" ({len(values)})"
             cols += [f"**{text}**" if best[r] == cell else text, diff.replace("0.", ".", 1)]
         lines.append("| " + " | ".join(cols) + " |")
     cols = ["paper: online coherence (n = 3)"]
     for r in rewards:
         p = PAPER_RULES.get((r, "online-ema"))
-        cols += ["" if p is None else f"{short(p[0])} +- {short(p[1])}", ""]
+        cols += ["" if p is None else f"{p[0]:.3f} +- {p[1]:.3f}".replace("0.", "."), ""]
     lines.append("| " + " | ".join(cols) + " |")
     report.add("rules_table", *lines)
 
@@ -941,11 +936,10 @@ def write_estimators(
         lines.append(f"| {reward} | " + " | ".join(ours + paper + [se, row["verdict"]]) + " |")
         names = {p: profile_alpha(p) for p, *_ in rows}  # fixed alphas by value, other profiles by name
         alphas = sorted(a for a in names.values() if not math.isnan(a))
-        profiles = ", ".join([f"alpha {', '.join(f'{a:g}' for a in alphas)}"] * bool(alphas))
-        profiles = ", ".join([profiles] * bool(profiles) + sorted(p for p, a in names.items() if math.isnan(a)))
-        m, sd = mean_sd(diffs)
+        parts = [f"alpha {', '.join(f'{a:g}' for a in alphas)}"] if alphas else []
+        profiles = ", ".join(parts + sorted(p for p, a in names.items() if math.isnan(a)))
         seeds = len({k for _, k, *_ in rows})
-        cells = [f"{len(diffs)} ({profiles}; {seeds} seeds)", f"{m:+.4f} +- {sd:.4f}".replace("0.", ".")]
+        cells = [f"{len(diffs)} ({profiles}; {seeds} seeds)", pm(diffs, "+", lead=False)]
         table.append(f"| {reward} | " + " | ".join(cells + ["/".join(map(str, wtl)), *paper]) + " |")
         qa_all = []
         for profile in dict.fromkeys(p for p, *_ in rows):
