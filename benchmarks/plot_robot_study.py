@@ -37,6 +37,7 @@ BLOCK = 983_040  # environment steps per training block (app:robotics)
 # Figure robotics / fig:robotics-dynamic: final return of fixed-alpha_eps FPO, 244-block cohort
 PAPER = {"AcrobotSwingup": {1.0: 163.6, 0.25: 184.5, 0.5: 193.5}, "WalkerRun": {1.0: 713.3, 0.5: 760.2}}
 PAPER_BLOCKS = 244
+SEED_LS = ("-", "--", ":", "-.")  # line styles of the seeds within one alpha, in the order the runs sort
 NOTES: list[str] = []
 
 
@@ -271,12 +272,12 @@ def plot(path: Path, title: str, xlabel: str, lines: list[tuple], ylabel: str = 
 
 
 def plot_track(path: Path, title: str, tracked: list[tuple]) -> None:
-    """The evaluation's mean |command - velocity|, linear and yaw, per run (tracked: (colour, alpha, run))."""
+    """The evaluation's mean |command - velocity|, linear and yaw, per run (tracked: (plot keywords, run))."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, alpha, r in tracked:
+    for kw, r in tracked:
         us, lins, yaws = zip(*r["track"])
         for ax, ys in zip(axes, (lins, yaws)):
-            ax.plot(us, ys, marker="o", ms=3, color=f"C{i}", label=f"alpha {alpha}, seed {r['seed']}")
+            ax.plot(us, ys, marker="o", ms=3, **kw)
     axes[0].set(xlabel="update", ylabel="mean |command_xy - v_xy| (m/s)", title=f"{title}: linear")
     axes[1].set(xlabel="update", ylabel="mean |command_yaw - w_z| (rad/s)", title="yaw")
     axes[0].legend(fontsize=7)
@@ -375,25 +376,30 @@ def main() -> None:
         md.append("")
 
         if obj == "fpopp":
+
+            def style(i, j, r, **kw):  # colour by alpha, line style by seed within the alpha
+                label = f"alpha {alphas[i]['alpha']}, seed {r['seed']}"
+                return {"color": f"C{i}", "ls": SEED_LS[j % len(SEED_LS)], "label": label, **kw}
+
             lines = [
-                (*xy(r, "update"), {"marker": "o", "color": f"C{i}", "label": f"alpha {s['alpha']}, seed {r['seed']}"})
+                (*xy(r, "update"), style(i, j, r, marker="o", ms=4))
                 for i, s in enumerate(alphas)
-                for r in s["runs"]
+                for j, r in enumerate(s["runs"])
             ]
             plot(a.out / f"fpopp_{task}.png", f"{task}, FPO++ ({backend})", "update", lines)
             lines = [  # the training return, a running mean over 10 updates
-                (*train_curve(r), {"color": f"C{i}", "lw": 1, "label": f"alpha {s['alpha']}, seed {r['seed']}"})
+                (*train_curve(r), style(i, j, r, lw=1))
                 for i, s in enumerate(alphas)
-                for r in s["runs"]
+                for j, r in enumerate(s["runs"])
                 if r["train"]
             ]
             ylabel = "training return (finished episodes, mean of 10 updates)"
             plot(a.out / f"fpopp_{task}_train.png", f"{task}, FPO++ ({backend})", "update", lines, ylabel)
-            tracked = [(i, s["alpha"], r) for i, s in enumerate(alphas) for r in s["runs"] if r["track"]]
+            tracked = [(style(i, j, r), r) for i, s in enumerate(alphas) for j, r in enumerate(s["runs"]) if r["track"]]
             if tracked:
                 plot_track(a.out / f"fpopp_{task}_track.png", f"{task}, FPO++ ({backend})", tracked)
                 md += ["| run | update | eval | tracking error, linear (m/s) | yaw (rad/s) |", "|---|---|---|---|---|"]
-                for _, _, r in tracked:
+                for _, r in tracked:
                     ev = {e["update"]: e["return"] for e in r["evals"]}
                     for u, lin, yaw in (r["track"][0], r["track"][-1]):
                         md.append(f"| {r['run']} | {u} | {fnum(ev.get(u, float('nan')))} | {lin:.3f} | {yaw:.3f} |")

@@ -4,10 +4,11 @@
 
 It rebuilds the run from its folder (args.json and checkpoints/last.pt: networks, the EMA actor, the frozen
 observation statistics) and runs robot_fpo.py's own evaluation (``robot_fpo.evaluate``: the evaluated actor, the
-run's evaluation init, the seed ``eval_seed``) on one Playground environment, recording the physics state after
-every step. Every ``--every``-th state (``--frames`` of them, from step ``--every``) is drawn by
-``mujoco.Renderer`` from the task's tracking camera where it has one, side by side in one PNG. It prints the
-episode's return and, for a joystick task, its command-tracking errors (fpo_utils/legged.py).
+run's evaluation init, the seed ``eval_seed``) on ``--episodes`` Playground environments (one unless asked; the
+run's own evaluation uses ``eval_episodes``), recording the first one's physics state after every step. Every
+``--every``-th state (``--frames`` of them, from step ``--every``) is drawn by ``mujoco.Renderer`` from the task's
+tracking camera where it has one, side by side in one PNG. It prints the episodes' mean return and, for a joystick
+task, their command-tracking errors (fpo_utils/legged.py).
 """
 
 from __future__ import annotations
@@ -84,11 +85,12 @@ def main() -> None:
     p.add_argument("--size", type=int, default=240, help="pixels per frame (square)")
     p.add_argument("--camera", default="track", help="the model's camera to draw from (-1: the free camera)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--episodes", type=int, default=1, help="evaluation episodes (the run's own: eval_episodes)")
     a = p.parse_args()
-    if a.frames < 1 or a.every < 1 or a.size < 16:
-        p.error(f"--frames {a.frames}, --every {a.every}, --size {a.size}: need at least 1, 1 and 16")
+    if a.frames < 1 or a.every < 1 or a.size < 16 or a.episodes < 1:
+        p.error(f"--frames {a.frames}, --every {a.every}, --size {a.size}, --episodes {a.episodes}: need at least 1")
     state, args = load_run(a.run, torch.device(a.device))
-    envs = Recording(book.task_envs(args, 1, args.eval_seed, state.device))
+    envs = Recording(book.task_envs(args, a.episodes, args.eval_seed, state.device))
     result = R.evaluate(state, envs, args, book.eval_inits(args)[0])  # eval_return's initial noise
     picked = envs.states[a.every - 1 :: a.every][: a.frames]
     if not picked:
@@ -98,8 +100,9 @@ def main() -> None:
     camera = a.camera if a.camera in names else -1
     Image.fromarray(render_strip(mj_model, picked, a.size, camera)).save(a.out)
     extra = {k: round(v, 4) for k, v in getattr(result, "metrics", {}).items()}
-    steps = len(envs.states)
-    print(f"{a.out}: {len(picked)} frames, every {a.every} of {steps} steps; return {float(result):.2f} {extra}")
+    steps = len(envs.states)  # the steps of the longest episode; the frames are the first episode's
+    print(f"{a.out}: {len(picked)} frames, every {a.every} of {steps} steps; mean return of {a.episodes} episodes")
+    print(f"{float(result):.6g} {extra}")
 
 
 if __name__ == "__main__":

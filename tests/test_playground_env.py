@@ -706,7 +706,7 @@ def test_missing_menagerie_is_one_line_and_never_cloned(monkeypatch, tmp_path):
         playground_env._mjx_task.cache_clear()
 
 
-def test_render_strip_of_a_trained_run_replays_its_evaluation(tmp_path, monkeypatch):
+def test_render_strip_of_a_trained_run_replays_its_evaluation(tmp_path, monkeypatch, capsys):
     """benchmarks/render_legged.py on a tiny CartpoleSwingup run: the recorded episode is robot_fpo.py's own
     evaluation (the same return), and the strip holds the chosen frames side by side. MuJoCo's renderer needs a GL
     context this machine may lack, so a stand-in draws each frame from the state it is given."""
@@ -753,3 +753,10 @@ def test_render_strip_of_a_trained_run_replays_its_evaluation(tmp_path, monkeypa
     assert len(envs.states) == TINY_PLAYGROUND["episode_length"]
     assert envs.states[3]["qpos"][0] == pytest.approx(drawn[0])  # the recorded episode is the rendered one
     assert math.isfinite(float(got))
+    # --episodes eval_episodes: the printed mean return is the run's own logged evaluation of its last update
+    monkeypatch.setattr(sys, "argv", [*argv, "--size", "16", "--episodes", str(TINY_PLAYGROUND["eval_episodes"])])
+    render_legged.main()
+    printed = float(capsys.readouterr().out.strip().splitlines()[-1].split()[0])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["eval_return"] for r in rows if "eval_return" in r and r["update"] == 2]
+    assert logged and printed == pytest.approx(logged[0], rel=1e-4)  # printed with 6 digits
