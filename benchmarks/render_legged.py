@@ -32,18 +32,21 @@ STATE_KEYS = ("qpos", "qvel", "mocap_pos", "mocap_quat", "xfrc_applied")  # what
 
 
 class Recording:
-    """The environments, each step's physics state of environment 0 kept (host copies) as the step returns."""
+    """The environments, each step's physics state of environment 0 kept (host copies) as the step returns, up to
+    the end of environment 0's first episode."""
 
     def __init__(self, envs):
-        self.envs, self.states = envs, []
+        self.envs, self.states, self.ended = envs, [], False
 
     def __getattr__(self, name):
         return getattr(self.envs, name)
 
     def step(self, actions):
         out = self.envs.step(actions)
-        data = self.envs._unpack_state(self.envs._state).data
-        self.states.append({k: np.asarray(getattr(data, k))[0] for k in STATE_KEYS})
+        if not self.ended:
+            data = self.envs._unpack_state(self.envs._state).data
+            self.states.append({k: np.asarray(getattr(data, k))[0] for k in STATE_KEYS})
+            self.ended = bool(out[2][0] or out[3][0])  # terminated or truncated
         return out
 
 
@@ -100,9 +103,9 @@ def main() -> None:
     camera = a.camera if a.camera in names else -1
     Image.fromarray(render_strip(mj_model, picked, a.size, camera)).save(a.out)
     extra = {k: round(v, 4) for k, v in getattr(result, "metrics", {}).items()}
-    steps = len(envs.states)  # the steps of the longest episode; the frames are the first episode's
-    print(f"{a.out}: {len(picked)} frames, every {a.every} of {steps} steps; mean return of {a.episodes} episodes")
-    print(f"{float(result):.6g} {extra}")
+    steps = len(envs.states)  # the first episode's, the one drawn
+    print(f"{a.out}: {len(picked)} frames, every {a.every} of the first episode's {steps} steps")
+    print(f"{float(result):.6g}: the mean return of {a.episodes} episode(s) {extra}")
 
 
 if __name__ == "__main__":

@@ -756,7 +756,34 @@ def test_render_strip_of_a_trained_run_replays_its_evaluation(tmp_path, monkeypa
     # --episodes eval_episodes: the printed mean return is the run's own logged evaluation of its last update
     monkeypatch.setattr(sys, "argv", [*argv, "--size", "16", "--episodes", str(TINY_PLAYGROUND["eval_episodes"])])
     render_legged.main()
-    printed = float(capsys.readouterr().out.strip().splitlines()[-1].split()[0])
+    printed = float(capsys.readouterr().out.strip().splitlines()[-1].split(":")[0])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = [r["eval_return"] for r in rows if "eval_return" in r and r["update"] == 2]
     assert logged and printed == pytest.approx(logged[0], rel=1e-4)  # printed with 6 digits
+
+
+def test_render_recording_keeps_only_the_first_episode_of_environment_0():
+    """render_legged.Recording draws environment 0's first episode: once it ends (here at step 3, while environment
+    1 runs on) no later state, which would be a fresh episode's, joins the strip."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import render_legged
+
+    class Envs:  # two environments; environment 0 terminates at step 3, environment 1 is truncated at step 6
+        def __init__(self):
+            self.t, self._state = 0, None
+
+        def _unpack_state(self, _):
+            data = {k: np.full((2, 1), float(self.t)) for k in render_legged.STATE_KEYS}
+            return SimpleNamespace(data=SimpleNamespace(**data))
+
+        def step(self, actions):
+            self.t += 1
+            term, trunc = torch.tensor([self.t == 3, False]), torch.tensor([False, self.t == 6])
+            return None, torch.zeros(2), term, trunc, {}
+
+    rec = render_legged.Recording(Envs())
+    for _ in range(6):
+        rec.step(None)
+    assert [float(s["qpos"][0]) for s in rec.states] == [1.0, 2.0, 3.0]
