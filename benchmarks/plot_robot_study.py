@@ -244,6 +244,7 @@ def by_alpha(runs: list[dict], task: str, objective: str) -> list[dict]:
             {
                 "alpha": a,
                 "n": len(peaks),
+                "updates_done": [min(r["updates_done"] for r in groups[a]), max(r["updates_done"] for r in groups[a])],
                 "peak_mean": float(np.mean(peaks)) if peaks else None,
                 "peak_std": float(np.std(peaks)) if peaks else None,
                 "paper": paper,
@@ -359,9 +360,11 @@ def main() -> None:
             f"| {notes(o)} |"
             for o in offs
         ]
-        md += ["", "| alpha | n | peak mean +- std | paper (244 blocks) |", "|---|---|---|---|"] if alphas else []
+        head = "| alpha | n | updates done | peak mean +- std | paper (244 blocks) |"  # peaks of unequal budgets show
+        md += ["", head, "|---|---|---|---|---|"] if alphas else []
         md += [
-            f"| {s['alpha']} | {s['n']} | {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |"
+            f"| {s['alpha']} | {s['n']} | {'-'.join(map(str, sorted(set(s['updates_done']))))} "
+            f"| {fnum(s['peak_mean'])} +- {fnum(s['peak_std'])} | {fnum(s['paper'])} |"
             for s in alphas
         ]
         if obj == "fpopp" and all(r["train"] for r in rs):  # compared where every run of the group got to

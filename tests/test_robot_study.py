@@ -214,6 +214,7 @@ def test_study_tables_and_pngs(synthetic, tmp_path):
     assert alphas[1.0]["peak_std"] == pytest.approx(np.std([5.0, 9.0])) == pytest.approx(2.0)
     assert alphas[0.5]["peak_mean"] == pytest.approx(16.0) and alphas[0.5]["peak_std"] == pytest.approx(4.0)
     assert (alphas[1.0]["paper"], alphas[0.5]["paper"]) == (163.6, 193.5)
+    assert (alphas[1.0]["updates_done"], alphas[0.5]["updates_done"]) == ([61, 61], [8, 14])  # unequal budgets show
     assert g["paper_note"] == "paper: 244-block cohort; here: 61 blocks"
     off = {o["seed"]: o for o in g["official"]}
     assert (off[0]["peak"], off[0]["peak_block"], off[0]["blocks"], off[0]["final_eval"]) == (30.0, 13, 20, 25.0)
@@ -224,6 +225,7 @@ def test_study_tables_and_pngs(synthetic, tmp_path):
     assert runs["AcrobotSwingup_ae0.5_s0"]["peak"] == 12.0
     md = (out / "study.md").read_text()
     assert "paper: 244-block cohort; here: 61 blocks" in md and "nonfinite at block 9" in md
+    assert "| 0.5 | 2 | 8-14 | 16 +- 4 |" in md and "| 1.0 | 2 | 61 | 7 +- 2 |" in md
     assert all(math.isfinite(a["peak_mean"]) for a in g["by_alpha"])
 
 
