@@ -245,12 +245,17 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
     return m, sd
 
 
+def bare(text: str) -> str:
+    """Numbers without leading zeros (.958 +- .004, -.0057), as the README's tables write them; 10.5 stays."""
+    return re.sub(r"(?<![\d.])0\.", ".", text)
+
+
 def pm(values: List[float], sign: str = "", digits: int = 4, lead: bool = True) -> str:
     """'mean +- SD' of the values (the mean alone for one value); sign "+" writes the mean's sign; without
     ``lead``, no leading zeros (.958 +- .004, as the README's tables write them)."""
     m, sd = mean_sd(values)
     text = f"{m:{sign}.{digits}f}" + ("" if math.isnan(sd) else f" +- {sd:.{digits}f}")
-    return text if lead else text.replace("0.", ".")
+    return text if lead else bare(text)
 
 
 RULE = (
@@ -821,12 +826,12 @@ def rules_table(table: Dict[str, Dict[str, Tuple[List[float], str]]], report: Re
                 cols += ["", ""]
                 continue
             text = pm(values, lead=False) + f" ({len(values)})"
-            cols += [f"**{text}**" if best[r] == cell else text, diff.replace("0.", ".", 1)]
+            cols += [f"**{text}**" if best[r] == cell else text, bare(diff)]
         lines.append("| " + " | ".join(cols) + " |")
     cols = ["paper: online coherence (n = 3)"]
     for r in rewards:
         p = PAPER_RULES.get((r, "online-ema"))
-        cols += ["" if p is None else f"{p[0]:.3f} +- {p[1]:.3f}".replace("0.", "."), ""]
+        cols += ["" if p is None else bare(f"{p[0]:.3f} +- {p[1]:.3f}"), ""]
     lines.append("| " + " | ".join(cols) + " |")
     report.add("rules_table", *lines)
 
@@ -982,13 +987,18 @@ def profile_alpha(profile: str) -> float:
         return float("nan")
 
 
+def at_g1(run: dict) -> bool:
+    """A run of a landscape cell: a grid cell at scale g = 1."""
+    return bool(run.get("cell")) and float(run["settings"].get("g", 1.0)) == 1.0
+
+
 def last_samples(runs: Runs) -> Dict[str, Dict[str, Tuple[int, Path]]]:
     """reward -> cell -> (seed, the last sample grid) of the run with the lowest seed whose folder has one, for
     the cells at g = 1 (the landscape's); the run folders are found beside each grid.json (arms/NAME/samples)."""
     found: Dict[str, Dict[str, Tuple[int, Path]]] = {}
     for path, run in runs:
         name, cell = run.get("name"), run.get("cell")
-        if not name or not cell or float(run["settings"].get("g", 1.0)) != 1.0:
+        if not name or not at_g1(run):
             continue
         grids = sorted((path.parent / "arms" / name / "samples").glob("*.png"))
         old = found.setdefault(run["task"], {}).get(cell)
@@ -1202,9 +1212,8 @@ def report(args: Args) -> None:
     samples = last_samples(runs)
     if samples:
         ran: Dict[str, set] = {}
-        for _, run in runs:
-            if run.get("cell") and float(run["settings"].get("g", 1.0)) == 1.0:
-                ran.setdefault(run["task"], set()).add(run["cell"])
+        for run in (run for _, run in runs if at_g1(run)):
+            ran.setdefault(run["task"], set()).add(run["cell"])
         write_samples(samples, out, ran=ran)
     for path in args.mark_blank:
         mark_blank_panels(Path(path))
