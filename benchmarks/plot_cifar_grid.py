@@ -1053,6 +1053,18 @@ def sample_cells(cells) -> List[str]:
     return sorted(set(cells), key=order)
 
 
+def panel_title(cell: str) -> str:
+    """A cell's name short enough for a montage panel: alpha-0.5 -> "a -0.5", static-softmax-eta0.25 ->
+    "eta .25", online-ema-kappa300-uniform -> "online EMA", schedule-3to-0.5@160-260 -> "path -3 to -0.5"."""
+    if cell.startswith("schedule"):
+        return "path " + cell[8:].split("@")[0].replace("to", " to ")
+    if cell.startswith("static-softmax-eta"):
+        return "eta " + bare(cell[18:])
+    if cell.startswith("online-ema"):
+        return "online EMA"
+    return cell.replace("alpha", "a ")
+
+
 def sample_axes(rewards: Sequence[str], cells: Sequence[str], image):
     """The montage's figure: one panel a (reward, cell), `image(reward, cell)` drawn in it (None: a panel
     marked NO_SAMPLES; a string: a panel marked with it); tight layout. Returns (figure, axes[row][column])."""
@@ -1068,10 +1080,7 @@ def sample_axes(rewards: Sequence[str], cells: Sequence[str], image):
                 ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=7, color="gray", transform=ax.transAxes)
             else:
                 ax.imshow(picture, interpolation="nearest")
-            title = cell.replace("alpha", "a ")
-            if title.startswith("schedule"):  # schedule-3to-0.5@160-260: too wide for the panel
-                title = "path " + title[8:].split("@")[0].replace("to", " to ")
-            ax.set_title(title, fontsize=8)
+            ax.set_title(panel_title(cell), fontsize=8)
             if j == 0:
                 ax.set_ylabel(reward, fontsize=9)
     fig.tight_layout()

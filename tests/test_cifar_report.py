@@ -34,6 +34,15 @@ def test_pairing_uses_the_seeds_both_sides_have():
     assert plot_cifar_grid.paired({1: 0.5, 2: 0.7, 3: 0.9}, {2: 0.6, 3: 0.6, 4: 0.1}) == pytest.approx([0.1, 0.3])
 
 
+def test_montage_panel_titles_are_short_and_keep_leading_digits():
+    title = plot_cifar_grid.panel_title
+    assert title("alpha-0.5") == "a -0.5"
+    assert title("static-softmax-eta0.25") == "eta .25"
+    assert title("static-softmax-eta10.5") == "eta 10.5"
+    assert title("online-ema-kappa300-uniform") == "online EMA"
+    assert title("schedule-3to-0.5@160-260") == "path -3 to -0.5"
+
+
 def test_tied_ranks_share_a_rank_unless_a_shape_wins():
     # alpha 0 beats alpha 1 at every seed by .1; alpha -1 is within noise of alpha 0
     by_alpha = {-1.0: {1: 0.90, 2: 0.80, 3: 0.85}, 0.0: {1: 0.86, 2: 0.84, 3: 0.86}, 1.0: {1: 0.76, 2: 0.74, 3: 0.76}}
