@@ -6,6 +6,8 @@
 #   bash benchmarks/robot_study.sh start DIR PLANFILE   # start one detached worker per queue, return at once
 #   bash benchmarks/robot_study.sh wait DIR SECONDS     # until every queue is done or SECONDS pass; then status
 #   bash benchmarks/robot_study.sh status DIR           # name, state (queued / running / exit N), last update, last eval
+#   bash benchmarks/robot_study.sh stop DIR SECONDS     # start no further line; SIGTERM the running commands (the
+#                                                       # trainers stop at their next checkpoint); wait as `wait` does
 #   bash benchmarks/robot_study.sh collect DIR DEST     # DIR without checkpoints/ and TensorBoard files ->
 #                                                       # DEST/study.tar.gz (parts .00 .01 ... of <= 15 MB if larger)
 #   CHECKPOINTS=1 bash benchmarks/robot_study.sh collect DIR DEST   # also each run's last checkpoint, without its
@@ -27,7 +29,8 @@ set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 root=$(cd "$(dirname "$0")/.." && pwd)
 usage() {
-  echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | collect DIR DEST | restore SRC DIR" >&2
+  echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | stop DIR SECONDS | collect DIR DEST |" \
+    "restore SRC DIR" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -57,6 +60,7 @@ _worker)  # DIR QUEUE: run the queue's lines in order
   q=$3
   lines | while read -r lq name command; do
     [ "$lq" = "$q" ] || continue
+    [ -e "$dir/stop" ] && continue  # `stop`: no further line starts
     date -u >"$dir/started/$name"
     (
       cd "$root" || exit 1
@@ -69,6 +73,15 @@ _worker)  # DIR QUEUE: run the queue's lines in order
     echo $? >"$dir/done/$name"
   done
   date -u >"$dir/queues/$q.done" ;;
+stop)  # the queues' workers lead their process groups (setsid): signal each group's processes but the workers'
+  [ $# -eq 3 ] || usage  # bash, so each worker records its line's exit code and starts nothing after it
+  date -u >"$dir/stop"
+  for p in "$dir"/queues/*.pid; do
+    for c in $(pgrep -g "$(cat "$p")" 2>/dev/null); do
+      [ "$(cat "/proc/$c/comm" 2>/dev/null)" = bash ] || kill -TERM "$c" 2>/dev/null
+    done
+  done
+  bash "$self" wait "$dir" "$3" ;;
 wait)
   end=$((SECONDS + ${3:?SECONDS})); finished=0
   while [ $SECONDS -lt $end ]; do all_done && { finished=1; break; }; sleep 1; done
@@ -77,7 +90,8 @@ wait)
 status)
   lines | while read -r q name _; do
     if [ -e "$dir/done/$name" ]; then state="exit $(cat "$dir/done/$name")"
-    elif [ -e "$dir/started/$name" ]; then state=running; else state=queued; fi
+    elif [ -e "$dir/started/$name" ]; then state=running
+    elif [ -e "$dir/stop" ]; then state=skipped; else state=queued; fi
     m="$dir/runs/$name/metrics.jsonl"; upd=-; ev=-
     if [ -s "$m" ]; then
       upd=$(tail -n 1 "$m" | grep -o '"update": *[0-9]*' | grep -o '[0-9]*$')

@@ -179,6 +179,39 @@ def synthetic(tmp_path):
     return d
 
 
+def test_stop_signals_the_running_lines_and_starts_no_more(tmp_path):
+    trainer = tmp_path / "trainer.py"  # stands in for a trainer: on SIGTERM it saves and exits 0
+    trainer.write_text(
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    open(sys.argv[1], 'w').write('saved'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "open(sys.argv[1] + '.up', 'w').write('up')\n"
+        "time.sleep(60)\n"
+    )
+    saved = tmp_path / "saved"
+    plan = tmp_path / "plan"
+    plan.write_text(
+        f"gpu0 train export X=1; {sys.executable} {trainer} {saved}\n"
+        f"gpu0 next touch {tmp_path / 'next_ran'}\n"
+        "cpu other sleep 60\n"
+    )
+    d = tmp_path / "st"
+    assert study("start", d, plan).returncode == 0
+    for _ in range(100):  # until the stand-in trainer has installed its handler
+        if Path(f"{saved}.up").exists():
+            break
+        subprocess.run(["sleep", "0.1"])
+    r = study("stop", d, 20)
+    assert "all queues done" in r.stdout, r.stdout
+    assert saved.read_text() == "saved"
+    assert (d / "done" / "train").read_text().strip() == "0"
+    assert (d / "done" / "other").read_text().strip() == "143"  # sleep, killed by the signal
+    assert not (tmp_path / "next_ran").exists() and not (d / "started" / "next").exists()
+    assert "skipped" in [line for line in r.stdout.splitlines() if " next " in line][0]
+    assert study("stop", d).returncode == 2  # SECONDS is required
+
+
 def test_study_tables_and_pngs(synthetic, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
