@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/robot_study.sh start DIR PLANFILE   # start one detached worker per queue, return at once
 #   bash benchmarks/robot_study.sh wait DIR SECONDS     # until every queue is done or SECONDS pass; then status
-#   bash benchmarks/robot_study.sh status DIR           # name, state (queued / running / exit N), last update, last eval
+#   bash benchmarks/robot_study.sh status DIR           # name, state (queued / running / exit N / skipped), last update,
+#                                                       # last eval
 #   bash benchmarks/robot_study.sh stop DIR SECONDS     # start no further line; SIGTERM the running commands (the
 #                                                       # trainers stop at their next checkpoint); wait as `wait` does
 #   bash benchmarks/robot_study.sh collect DIR DEST     # DIR without checkpoints/ and TensorBoard files ->

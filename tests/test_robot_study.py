@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,7 +202,7 @@ def test_stop_signals_the_running_lines_and_starts_no_more(tmp_path):
     for _ in range(100):  # until the stand-in trainer has installed its handler
         if Path(f"{saved}.up").exists():
             break
-        subprocess.run(["sleep", "0.1"])
+        time.sleep(0.1)
     r = study("stop", d, 20)
     assert "all queues done" in r.stdout, r.stdout
     assert saved.read_text() == "saved"
