@@ -914,12 +914,21 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
 
 
 def write_estimators(
-    pairs: Dict[str, List[Tuple[str, int, float, float]]], data: Peaks, out: Path, report: Report
+    pairs: Dict[str, List[Tuple[str, int, float, float]]], data: Peaks, cells, out: Path, report: Report
 ) -> None:
     """estimators.md: per reward, the paired peak differences q+Z - explicit over every (profile, seed) pair
     (mean +- SD, the verdict rule's SE and verdict, and W/T/L with tolerance TIE_TOLERANCE as tab:sampling
-    counts them) beside tab:sampling; per profile over its seeds; q+Z against the q+a runs of the same
-    profile and seed; then every pair."""
+    counts them) beside tab:sampling, with each estimator's diversity at the peak where measured (cells:
+    cell_info); per profile over its seeds; q+Z against the q+a runs of the same profile and seed; then
+    every pair."""
+
+    def infos(reward: str, rows, est: str) -> List[Dict[str, object]]:
+        return [cells.get((reward, f"{p}__{est}", k), {}) for p, k, *_ in rows]
+
+    def div_pair(reward: str, rows) -> List[str]:
+        (qc, qn), (ec, en) = div_text(infos(reward, rows, "q+Z")), div_text(infos(reward, rows, "explicit"))
+        return [f"{qc} / {ec}", f"{qn} / {en}"]
+
     if not pairs:
         return
     lines = ["| reward | pairs | q+Z - explicit | W/T/L | paper: pairs | paper: q+Z - explicit | paper: W/T/L | SE |"]
@@ -927,8 +936,8 @@ def write_estimators(
     lines.append("|---" * 9 + "|")
     per_profile = ["| reward | profile | q+Z - explicit over seeds | q+Z - q+a over seeds |", "|---" * 4 + "|"]
     summary, table = [], ["| reward | pairs | q+Z - explicit (mean +- SD) | W/T/L at .003 | paper: pairs | paper |"]
-    table[0] += " paper W/T/L |"
-    table.append("|---" * 7 + "|")
+    table[0] += " paper W/T/L | diversity at the peak (cos) q+Z / explicit | classes q+Z / explicit |"
+    table.append("|---" * 9 + "|")
     for reward, rows in pairs.items():
         diffs = [q - e for _, _, q, e in rows]
         wtl = [sum(d > TIE_TOLERANCE for d in diffs), sum(abs(d) <= TIE_TOLERANCE for d in diffs)]
@@ -944,8 +953,9 @@ def write_estimators(
         parts = [f"alpha {', '.join(f'{a:g}' for a in alphas)}"] if alphas else []
         profiles = ", ".join(parts + sorted(p for p, a in names.items() if math.isnan(a)))
         seeds = len({k for _, k, *_ in rows})
-        cells = [f"{len(diffs)} ({profiles}; {seeds} seeds)", pm(diffs, "+", lead=False)]
-        table.append(f"| {reward} | " + " | ".join(cells + ["/".join(map(str, wtl)), *paper]) + " |")
+        row_cells = [f"{len(diffs)} ({profiles}; {seeds} seeds)", pm(diffs, "+", lead=False)]
+        row_cells += ["/".join(map(str, wtl)), *paper, *div_pair(reward, rows)]
+        table.append(f"| {reward} | " + " | ".join(row_cells) + " |")
         qa_all = []
         for profile in dict.fromkeys(p for p, *_ in rows):
             sub = [(k, q, e) for p, k, q, e in rows if p == profile]
@@ -970,9 +980,14 @@ def write_estimators(
             f"{reward}: q+Z vs explicit {row['verdict']} ({row['mean']:+.4f} +- {row['se']:.4f} SE, {len(diffs)} pairs)"
         )
     lines += ["", "Per profile, paired by seed:", ""] + per_profile
-    lines += ["", "| reward | profile | seed | q+Z | explicit | difference |", "|---" * 6 + "|"]
+    lines += ["", "| reward | profile | seed | q+Z | explicit | difference | diversity (cos) q+Z / explicit |"]
+    lines[-1] += " classes q+Z / explicit |"
+    lines.append("|---" * 8 + "|")
     for reward, rows in pairs.items():
-        lines += [f"| {reward} | {p} | {s} | {q:.4f} | {e:.4f} | {q - e:+.4f} |" for p, s, q, e in rows]
+        for p, k, q, e in rows:
+            div = [div_text([i]) for i in infos(reward, [(p, k)], "q+Z") + infos(reward, [(p, k)], "explicit")]
+            cos, classes = (f"{div[0][j]} / {div[1][j]}".replace("not measured", "-") for j in (0, 1))
+            lines.append(f"| {reward} | {p} | {k} | {q:.4f} | {e:.4f} | {q - e:+.4f} | {cos} | {classes} |")
     report.add("summary_estimators", "; ".join(summary))
     report.add("estimators_table", *table)
     (out / "estimators.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
@@ -1045,17 +1060,22 @@ PANEL_PIXELS = (120, 135)  # a montage panel: 1.2 x 1.35 inches (sample_axes) at
 
 
 def sample_cells(cells) -> List[str]:
-    """The montage's column order: the alphas ascending, then named cells."""
+    """The montage's column order: the alphas ascending (each alpha's estimator cells, alpha-2__q+Z, after
+    it), then named cells."""
 
     def order(cell: str) -> Tuple[int, float, str]:
-        return (0, float(cell[5:]), "") if cell.startswith("alpha") else (1, 0.0, cell)
+        alpha, _, estimator = cell.partition("__")
+        return (0, float(alpha[5:]), estimator) if cell.startswith("alpha") else (1, 0.0, cell)
 
     return sorted(set(cells), key=order)
 
 
 def panel_title(cell: str) -> str:
     """A cell's name short enough for a montage panel: alpha-0.5 -> "a -0.5", static-softmax-eta0.25 ->
-    "eta .25", online-ema-kappa300-uniform -> "online EMA", schedule-3to-0.5@160-260 -> "path -3 to -0.5"."""
+    "eta .25", online-ema-kappa300-uniform -> "online EMA", schedule-3to-0.5@160-260 -> "path -3 to -0.5",
+    alpha+0.5__explicit -> "a +0.5 explicit"."""
+    if "__" in cell:
+        return " ".join(panel_title(part) for part in cell.split("__"))
     if cell.startswith("schedule"):
         return "path " + cell[8:].split("@")[0].replace("to", " to ")
     if cell.startswith("static-softmax-eta"):
@@ -1215,7 +1235,7 @@ def report(args: Args) -> None:
     write_targets(target_peaks(runs, data), info, cells, out, rep)
     write_scale(data, info, out, rep)
     write_rules(rule_peaks(runs), data, cells, info, out, rep)
-    write_estimators(estimator_pairs(runs), data, out, rep)
+    write_estimators(estimator_pairs(runs), data, cells, out, rep)
     write_update0(runs, rep)
     write_summary(runs, rep)
     samples = last_samples(runs)

@@ -41,6 +41,13 @@ def test_montage_panel_titles_are_short_and_keep_leading_digits():
     assert title("static-softmax-eta10.5") == "eta 10.5"
     assert title("online-ema-kappa300-uniform") == "online EMA"
     assert title("schedule-3to-0.5@160-260") == "path -3 to -0.5"
+    assert title("alpha+0.5__explicit") == "a +0.5 explicit"
+
+
+def test_montage_columns_put_each_alphas_estimators_after_it():
+    cells = ["alpha+0.5", "online-ema", "alpha-2__q+Z", "alpha+0.5__explicit", "alpha-2", "alpha-2__explicit"]
+    order = ["alpha-2", "alpha-2__explicit", "alpha-2__q+Z", "alpha+0.5", "alpha+0.5__explicit", "online-ema"]
+    assert plot_cifar_grid.sample_cells(cells) == order
 
 
 def test_tied_ranks_share_a_rank_unless_a_shape_wins():
@@ -101,3 +108,23 @@ def test_one_seed_scale_study_has_no_verdict_and_montage_keeps_g1(tmp_path):
     assert rows[-1].startswith("| mixed | 7 | 2 | -0.5 |") and rows[-1].endswith("| -0.400 | 4.0 |")  # best at g = 2
     montage = Image.open(out / "samples_s7.jpg")  # named by its one seed
     assert montage.width == pytest.approx(3 * 120, abs=4)  # three g = 1 cells, the g = 2 cells left out
+
+
+def test_estimators_report_the_diversity_at_each_estimators_peak(tmp_path):
+    def run(cell, est, seed, peak, div=None):
+        s = {"weighting": "fixed", "target": None, "alpha": 0.0, "estimator": est}
+        extra = {} if div is None else {"div_cos_at_peak": div, "div_classes_at_peak": 2}
+        return {"task": "edge", "cell": cell, "settings": s, "seed": seed, "peak": peak, "peak_update": 100,
+                "name": f"edge__{cell}__seed{seed}", **extra}  # fmt: skip
+
+    rows = [run("alpha+0", "q+a", k, 0.9) for k in (1, 2)]
+    rows += [run("alpha+0__q+Z", "q+Z", 1, 0.91, div=0.2), run("alpha+0__q+Z", "q+Z", 2, 0.92)]
+    rows += [run("alpha+0__explicit", "explicit", 1, 0.90, div=0.4), run("alpha+0__explicit", "explicit", 2, 0.9)]
+    (tmp_path / "grid.json").write_text(json.dumps({"runs": rows}))
+    out = tmp_path / "out"
+    plot_cifar_grid.main(plot_cifar_grid.Args(grids=(str(tmp_path / "grid.json"),), out=str(out)))
+    table = (out / "estimators.md").read_text()
+    assert "| edge | alpha+0 | 1 | 0.9100 | 0.9000 | +0.0100 | 0.200 / 0.400 | 2.0 / 2.0 |" in table
+    assert "| edge | alpha+0 | 2 | 0.9200 | 0.9000 | +0.0200 | - / - | - / - |" in table
+    verdicts = (out / "verdicts.md").read_text()
+    assert "| 0.200 (1 of 2) / 0.400 (1 of 2) | 2.0 (1 of 2) / 2.0 (1 of 2) |" in verdicts
