@@ -1055,7 +1055,7 @@ def write_summary(runs: Runs, report: Report) -> None:
 
 
 NO_SAMPLES = "no sample\ngrid saved"
-NOT_RUN = "not run\nfor this reward"
+NOT_RUN = "not run\nat this seed"
 PANEL_PIXELS = (120, 135)  # a montage panel: 1.2 x 1.35 inches (sample_axes) at 100 dpi (write_samples)
 
 
@@ -1112,9 +1112,9 @@ def write_samples(
 ) -> Path:
     """A corner x corner block of images from each run's last sample grid (8 images a row with 2-pixel
     padding, as `RunFolder.save_images` writes it); a run without a sample grid gets a marked panel, and so
-    does a cell that `ran` (reward -> the cells that have runs) says no run of that reward has. The
-    file is named by the panels' seeds, `samples_s<seed>[-<seed>...].jpg`, so that montages of other seeds
-    stay as they are."""
+    does a cell that `ran` (reward -> the cells that have runs at these seeds) says no run of that reward
+    has. The file is named by the panels' seeds, `samples_s<seed>[-<seed>...].jpg`, so that montages of
+    other seeds stay as they are."""
     from PIL import Image
 
     def image(reward: str, cell: str):
@@ -1240,8 +1240,9 @@ def report(args: Args) -> None:
     write_summary(runs, rep)
     samples = last_samples(runs)
     if samples:
-        ran: Dict[str, set] = {}
-        for run in (run for _, run in runs if at_g1(run)):
+        ran: Dict[str, set] = {}  # the cells each reward has runs of at the montage's seeds
+        seeds = {seed for by_cell in samples.values() for seed, _ in by_cell.values()}
+        for run in (run for _, run in runs if at_g1(run) and int(run["seed"]) in seeds):
             ran.setdefault(run["task"], set()).add(run["cell"])
         write_samples(samples, out, ran=ran)
     for path in args.mark_blank:
