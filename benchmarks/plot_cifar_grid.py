@@ -985,8 +985,7 @@ def write_estimators(
     lines.append("|---" * 8 + "|")
     for reward, rows in pairs.items():
         for p, k, q, e in rows:
-            div = [div_text([i]) for i in infos(reward, [(p, k)], "q+Z") + infos(reward, [(p, k)], "explicit")]
-            cos, classes = (f"{div[0][j]} / {div[1][j]}".replace("not measured", "-") for j in (0, 1))
+            cos, classes = (text.replace("not measured", "-") for text in div_pair(reward, [(p, k)]))
             lines.append(f"| {reward} | {p} | {k} | {q:.4f} | {e:.4f} | {q - e:+.4f} | {cos} | {classes} |")
     report.add("summary_estimators", "; ".join(summary))
     report.add("estimators_table", *table)
