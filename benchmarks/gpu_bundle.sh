@@ -10,7 +10,7 @@
 #                          212 MB only G1's 40 MB), unpacked over envpool.tar.gz. Where DIR with it is over a
 #                          call's carry limit, carry DIR without it first, then DIR/legged.tar.xz in the next call
 #   DIR/menagerie_{spot,go1,g1}.tar.xz   with LEGGED=1: the same robots' assets alone, one archive a robot (Spot
-#                          ~6 MB, Go1 ~3.4 MB, G1 ~15 MB), which is all the Playground backend on a GPU reads:
+#                          ~5.6 MB, Go1 ~3.5 MB, G1 ~13 MB), which is all the Playground backend on a GPU reads:
 #                          carry whl/, pg/ and the robot's archive (no envpool.tar.gz, no legged.tar.xz) there
 #   DIR/warp/              warp-lang for --physics warp, trimmed (no CPU kernels warp/bin/warp-clang.so, no
 #                          examples or tests: ~295 MB unpacked, ~83 MB as tar.xz), split into parts
