@@ -357,14 +357,14 @@ def scale_summary(by_g: Dict[float, Dict[float, Dict[int, float]]]) -> Dict[str,
     }
 
 
-def div_text(infos: Sequence[Dict[str, object]]) -> Tuple[str, str]:
+def div_text(infos: Sequence[Dict[str, object]], missing: str = "not measured") -> Tuple[str, str]:
     """(mean cosine diversity, mean number of classes) over the runs that measured them, with their count
-    where not every run did; "not measured" where none did."""
+    where not every run did; `missing` where none did."""
     out = []
     for key, fmt in (("div_cos", ".3f"), ("div_classes", ".1f")):
         vals = [float(i[key]) for i in infos if i.get(key) is not None]
         if not vals:
-            out.append("not measured")
+            out.append(missing)
             continue
         text = f"{sum(vals) / len(vals):{fmt}}"
         out.append(text if len(vals) == len(infos) else f"{text} ({len(vals)} of {len(infos)})")
@@ -925,8 +925,8 @@ def write_estimators(
     def infos(reward: str, rows, est: str) -> List[Dict[str, object]]:
         return [cells.get((reward, f"{p}__{est}", k), {}) for p, k, *_ in rows]
 
-    def div_pair(reward: str, rows) -> List[str]:
-        (qc, qn), (ec, en) = div_text(infos(reward, rows, "q+Z")), div_text(infos(reward, rows, "explicit"))
+    def div_pair(reward: str, rows, missing: str = "not measured") -> List[str]:
+        (qc, qn), (ec, en) = (div_text(infos(reward, rows, est), missing) for est in ("q+Z", "explicit"))
         return [f"{qc} / {ec}", f"{qn} / {en}"]
 
     if not pairs:
@@ -985,7 +985,7 @@ def write_estimators(
     lines.append("|---" * 8 + "|")
     for reward, rows in pairs.items():
         for p, k, q, e in rows:
-            cos, classes = (text.replace("not measured", "-") for text in div_pair(reward, [(p, k)]))
+            cos, classes = div_pair(reward, [(p, k)], missing="-")
             lines.append(f"| {reward} | {p} | {k} | {q:.4f} | {e:.4f} | {q - e:+.4f} | {cos} | {classes} |")
     report.add("summary_estimators", "; ".join(summary))
     report.add("estimators_table", *table)
