@@ -11,6 +11,8 @@ Writes to --out:
   each run thin, mean peak +- std and the paper's 244-block number in the legend;
 - fpopp_ENV.png (FPO++ runs, x = update), fpopp_ENV_train.png (their training return: episodes that
   ended in an update's rollout, running mean over 10 updates), envpool_ENV.png (envpool FPO runs, x = block);
+- fpopp_ENV_track.png and a table in study.md (legged runs): the evaluation's command-tracking errors, the
+  table at every --table-every updates and the last evaluation;
 - study.json, study.md: per (task, objective, backend) the runs (updates done / asked, status,
   peak (eq:peak) and its block, final evaluation, divergence events), per alpha the mean +- std of
   the peaks (numpy's std, ddof 0) over seeds, and the official runs (peak, median s per block).
@@ -37,6 +39,16 @@ BLOCK = 983_040  # environment steps per training block (app:robotics)
 # Figure robotics / fig:robotics-dynamic: final return of fixed-alpha_eps FPO, 244-block cohort
 PAPER = {"AcrobotSwingup": {1.0: 163.6, 0.25: 184.5, 0.5: 193.5}, "WalkerRun": {1.0: 713.3, 0.5: 760.2}}
 PAPER_BLOCKS = 244
+# the per-update table of legged runs: column title, metrics.jsonl key, number format
+TRACK_COLUMNS = (
+    ("eval, x0 = 0", "eval_return", ".2f"),
+    ("velocity error (m/s)", "eval_track_lin", ".3f"),
+    ("yaw error (rad/s)", "eval_track_yaw", ".3f"),
+    ("episode length", "eval_track_len", ".0f"),
+    ("eval, random x0", "eval_return_random", ".2f"),
+    ("velocity error, random x0", "eval_track_lin_random", ".3f"),
+    ("training episode length", "episodic_length", ".0f"),  # that update's finished training episodes
+)
 SEED_LS = ("-", "--", ":", "-.")  # line styles of the seeds within one alpha, in the order the runs sort
 NOTES: list[str] = []
 
@@ -137,6 +149,11 @@ def load_run(folder: Path) -> dict | None:
         for r in rows
         if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
     ]
+    track_rows = [  # every tracked evaluation's row, for the per-update table; None where a value was not logged
+        {k: r[k] if is_finite(r.get(k)) else None for _, k, _ in TRACK_COLUMNS} | {"update": r["update"]}
+        for r in rows
+        if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
+    ]
     return {
         "run": folder.name,
         "task": args.get("env_id", "?"),
@@ -155,6 +172,7 @@ def load_run(folder: Path) -> dict | None:
         "final_eval": evals[-1][2] if evals else None,
         "events": events,
         "track": track,
+        "track_rows": track_rows,
         "train": train,  # (update, mean return of the episodes that ended in that update's rollout)
     }
 
@@ -292,6 +310,18 @@ def train_curve(run: dict, width: int = 10) -> tuple[list, list]:
     return list(us[width - 1 :]), list(np.convolve(vs, np.ones(width) / width, mode="valid"))
 
 
+def track_table(runs: list[dict], every: int) -> list[str]:
+    """study.md lines: each run's tracked evaluations at updates divisible by `every`, and its last one."""
+    md = ["| run | update | " + " | ".join(t for t, _, _ in TRACK_COLUMNS) + " |"]
+    md.append("|" + "---|" * (2 + len(TRACK_COLUMNS)))
+    for r in runs:
+        last = r["track_rows"][-1]["update"]
+        for row in (t for t in r["track_rows"] if t["update"] % every == 0 or t["update"] == last):
+            cells = ["-" if row[k] is None else format(row[k], f) for _, k, f in TRACK_COLUMNS]
+            md.append(f"| {r['run']} | {row['update']} | " + " | ".join(cells) + " |")
+    return md + [""]
+
+
 def xy(run: dict, key: str) -> tuple[list, list]:
     return [e[key] for e in run["evals"]], [e["return"] for e in run["evals"]]
 
@@ -300,7 +330,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "robot_results" / "study")
+    p.add_argument("--table-every", type=int, default=250, help="legged runs' table: every N updates, and the last")
     a = p.parse_args()
+    if a.table_every < 1:
+        raise SystemExit(f"error: --table-every {a.table_every} must be a positive number of updates")
     if not (a.dir / "runs").is_dir() and not (a.dir / "peer").is_dir():
         raise SystemExit(f"error: {a.dir} holds neither runs/ nor peer/ (give the study's DIR)")
     a.out.mkdir(parents=True, exist_ok=True)
@@ -401,12 +434,7 @@ def main() -> None:
             tracked = [(style(i, j, r), r) for i, s in enumerate(alphas) for j, r in enumerate(s["runs"]) if r["track"]]
             if tracked:
                 plot_track(a.out / f"fpopp_{task}_track.png", f"{task}, FPO++ ({backend})", tracked)
-                md += ["| run | update | eval | tracking error, linear (m/s) | yaw (rad/s) |", "|---|---|---|---|---|"]
-                for _, r in tracked:
-                    ev = {e["update"]: e["return"] for e in r["evals"]}
-                    for u, lin, yaw in (r["track"][0], r["track"][-1]):
-                        md.append(f"| {r['run']} | {u} | {fnum(ev.get(u, float('nan')))} | {lin:.3f} | {yaw:.3f} |")
-                md.append("")
+                md += track_table([r for _, r in tracked], a.table_every)
         elif backend != "playground":
             lines = [
                 (

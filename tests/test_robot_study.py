@@ -341,14 +341,23 @@ def test_legged_runs_get_their_tracking_errors_plotted_and_tabled(tmp_path):
         {"update": u, "global_step": u * 98304, "eval_return": ev, "eval_track_lin": lin, "eval_track_yaw": yaw}
         for u, (ev, lin, yaw) in track.items()
     ]
+    rows[-1] |= {"eval_track_len": 987.6, "eval_return_random": 40.123, "episodic_length": 912.4}
     write_run(d / "runs", "spot_a1_s3", args, rows, None)
     write_run(d / "runs", "cartpole", {**args, "env_id": "CartpoleSwingup-v1"}, evals({0: 1.0, 7: 2.0}), None)
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out)], capture_output=True, text=True)
+    out, kw = tmp_path / "out", {"capture_output": True, "text": True, "timeout": 120}
+    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out)], **kw)
     assert r.returncode == 0, r.stderr
     md = (out / "study.md").read_text()
-    assert "| spot_a1_s3 | 0 | 35 | 0.640 | 0.430 |" in md and "| spot_a1_s3 | 50 | 46.5 | 0.150 | 0.110 |" in md
+    # every 250 updates (update 0) and the last evaluation; values not logged show as "-"
+    assert "| spot_a1_s3 | 0 | 35.00 | 0.640 | 0.430 | - | - | - | - |" in md
+    assert "| spot_a1_s3 | 50 | 46.50 | 0.150 | 0.110 | 988 | 40.12 | - | 912 |" in md
+    assert "| spot_a1_s3 | 25 |" not in md
     assert (out / "fpopp_SpotFlatTerrainJoystick_track.png").exists()
+    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out), "--table-every", "25"], **kw)
+    assert r.returncode == 0, r.stderr
+    assert "| spot_a1_s3 | 25 | 34.00 | 0.500 | 0.300 | - |" in (out / "study.md").read_text()
+    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out), "--table-every", "0"], **kw)
+    assert r.returncode != 0 and "--table-every 0 must be a positive" in r.stderr
     assert not (out / "fpopp_CartpoleSwingup-v1_track.png").exists()  # no tracking errors logged: no plot
 
 
