@@ -362,7 +362,7 @@ def main() -> None:
             "objective": obj,
             "backend": backend,
             "block_budget": budget,
-            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track")} for r in rs],
+            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track", "track_rows")} for r in rs],
             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
         }
