@@ -144,16 +144,12 @@ def load_run(folder: Path) -> dict | None:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
     train = [(r["update"], float(r["episodic_return"])) for r in rows if is_finite(r.get("episodic_return"))]
-    track = [  # legged tasks: the evaluation's command-tracking errors (fpo_utils/legged.py)
-        (r["update"], float(r["eval_track_lin"]), float(r["eval_track_yaw"]))
-        for r in rows
-        if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
-    ]
-    track_rows = [  # every tracked evaluation's row, for the per-update table; None where a value was not logged
+    track_rows = [  # legged tasks: evaluations with command-tracking errors (fpo_utils/legged.py); None: not logged
         {k: r[k] if is_finite(r.get(k)) else None for _, k, _ in TRACK_COLUMNS} | {"update": r["update"]}
         for r in rows
         if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
     ]
+    track = [(t["update"], t["eval_track_lin"], t["eval_track_yaw"]) for t in track_rows]
     return {
         "run": folder.name,
         "task": args.get("env_id", "?"),
