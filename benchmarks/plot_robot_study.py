@@ -144,12 +144,11 @@ def load_run(folder: Path) -> dict | None:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
     train = [(r["update"], float(r["episodic_return"])) for r in rows if is_finite(r.get("episodic_return"))]
-    track_rows = [  # legged tasks: evaluations with command-tracking errors (fpo_utils/legged.py); None: not logged
+    track = [  # legged tasks: evaluations with command-tracking errors (fpo_utils/legged.py); None: not logged
         {k: r[k] if is_finite(r.get(k)) else None for _, k, _ in TRACK_COLUMNS} | {"update": r["update"]}
         for r in rows
         if is_finite(r.get("eval_track_lin")) and is_finite(r.get("eval_track_yaw"))
     ]
-    track = [(t["update"], t["eval_track_lin"], t["eval_track_yaw"]) for t in track_rows]
     return {
         "run": folder.name,
         "task": args.get("env_id", "?"),
@@ -167,8 +166,7 @@ def load_run(folder: Path) -> dict | None:
         "peak_update": peak[0] if peak else None,
         "final_eval": evals[-1][2] if evals else None,
         "events": events,
-        "track": track,
-        "track_rows": track_rows,
+        "track": track,  # one dict a tracked evaluation: "update" and TRACK_COLUMNS' keys
         "train": train,  # (update, mean return of the episodes that ended in that update's rollout)
     }
 
@@ -290,9 +288,9 @@ def plot_track(path: Path, title: str, tracked: list[tuple]) -> None:
     """The evaluation's mean |command - velocity|, linear and yaw, per run (tracked: (plot keywords, run))."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for kw, r in tracked:
-        us, lins, yaws = zip(*r["track"])
-        for ax, ys in zip(axes, (lins, yaws)):
-            ax.plot(us, ys, marker="o", ms=3, **kw)
+        us = [t["update"] for t in r["track"]]
+        for ax, key in zip(axes, ("eval_track_lin", "eval_track_yaw")):
+            ax.plot(us, [t[key] for t in r["track"]], marker="o", ms=3, **kw)
     axes[0].set(xlabel="update", ylabel="mean |command_xy - v_xy| (m/s)", title=f"{title}: linear")
     axes[1].set(xlabel="update", ylabel="mean |command_yaw - w_z| (rad/s)", title="yaw")
     axes[0].legend(fontsize=7)
@@ -311,8 +309,8 @@ def track_table(runs: list[dict], every: int) -> list[str]:
     md = ["| run | update | " + " | ".join(t for t, _, _ in TRACK_COLUMNS) + " |"]
     md.append("|" + "---|" * (2 + len(TRACK_COLUMNS)))
     for r in runs:
-        last = r["track_rows"][-1]["update"]
-        for row in (t for t in r["track_rows"] if t["update"] % every == 0 or t["update"] == last):
+        last = r["track"][-1]["update"]
+        for row in (t for t in r["track"] if t["update"] % every == 0 or t["update"] == last):
             cells = ["-" if row[k] is None else format(row[k], f) for _, k, f in TRACK_COLUMNS]
             md.append(f"| {r['run']} | {row['update']} | " + " | ".join(cells) + " |")
     return md + [""]
@@ -358,7 +356,7 @@ def main() -> None:
             "objective": obj,
             "backend": backend,
             "block_budget": budget,
-            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track", "track_rows")} for r in rs],
+            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track")} for r in rs],
             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
         }
