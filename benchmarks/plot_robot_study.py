@@ -325,6 +325,7 @@ def main() -> None:
     p.add_argument("dir", type=Path)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "robot_results" / "study")
     p.add_argument("--table-every", type=int, default=250, help="legged runs' table: every N updates, and the last")
+    p.add_argument("--title", help="study.md's first heading (default: 'Robot study: DIR')")
     a = p.parse_args()
     if a.table_every < 1:
         raise SystemExit(f"error: --table-every {a.table_every} must be a positive number of updates")
@@ -346,7 +347,7 @@ def main() -> None:
     for o in official:
         groups.setdefault((o["task"], "fpo", "playground"), [])
     out = {"dir": str(a.dir), "groups": [], "notes": NOTES}
-    md = [f"# Robot study: {a.dir}", ""]
+    md = [f"# {a.title or f'Robot study: {a.dir}'}", ""]
     for (task, obj, backend), rs in sorted(groups.items()):
         offs = [o for o in official if o["task"] == task] if (obj, backend) == ("fpo", "playground") else []
         budget = max([r["blocks_asked"] for r in rs] + [o["blocks"] for o in offs], default=0)

@@ -353,9 +353,13 @@ def test_legged_runs_get_their_tracking_errors_plotted_and_tabled(tmp_path):
     assert "| spot_a1_s3 | 50 | 46.50 | 0.150 | 0.110 | 988 | 40.12 | - | 912 |" in md
     assert "| spot_a1_s3 | 25 |" not in md
     assert (out / "fpopp_SpotFlatTerrainJoystick_track.png").exists()
-    r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out), "--table-every", "25"], **kw)
+    assert md.startswith(f"# Robot study: {d}\n")
+    r = subprocess.run(
+        [sys.executable, str(PLOT), str(d), "--out", str(out), "--table-every", "25", "--title", "Spot, seed 3"], **kw
+    )
     assert r.returncode == 0, r.stderr
-    assert "| spot_a1_s3 | 25 | 34.00 | 0.500 | 0.300 | - |" in (out / "study.md").read_text()
+    md = (out / "study.md").read_text()
+    assert "| spot_a1_s3 | 25 | 34.00 | 0.500 | 0.300 | - |" in md and md.startswith("# Spot, seed 3\n")
     r = subprocess.run([sys.executable, str(PLOT), str(d), "--out", str(out), "--table-every", "0"], **kw)
     assert r.returncode != 0 and "--table-every 0 must be a positive" in r.stderr
     assert not (out / "fpopp_CartpoleSwingup-v1_track.png").exists()  # no tracking errors logged: no plot
