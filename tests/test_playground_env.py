@@ -318,6 +318,27 @@ def test_warp_state_round_trips_and_other_physics_is_refused(env, warp_env):
         assert "does not fit" in str(err.value) and "MuJoCo Warp" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for torch and JAX")
+def test_a_cuda_graph_captures_right_after_a_state_is_loaded():
+    """4,096 environments on the GPU: ``load_state_dict`` and ``reset`` return once JAX's copies are done, and a
+    CUDA graph captured at once is not invalidated by JAX's threads (resuming a G1 run once failed here with
+    cudaErrorStreamCaptureInvalidated)."""
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    e = PlaygroundVecEnv("CartpoleSwingup", 4096, seed=0, device=torch.device("cuda"), episode_length=1000)
+    saved, x = e.state_dict(), torch.zeros(4096, device="cuda")
+    for load in (lambda: e.load_state_dict(saved), lambda: e.reset(1)) * 3:
+        load()
+        assert all(a.is_ready() for a in e._state)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.add_(1)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x, torch.full_like(x, 6.0))
+    e.close()
+
+
 def physics_gap(task: str, steps: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest |MJX - MuJoCo Warp| over 4 environments at each step of one fixed action sequence, for the
     observations and the rewards ([steps + 1] and [steps])."""
