@@ -320,7 +320,7 @@ class PlaygroundVecEnv:
     def reset(self, seed: int) -> torch.Tensor:
         """Start every environment afresh from per-environment keys split from `seed`."""
         self._state, obs = self._reset_fn(self._keys(seed))
-        obs.block_until_ready()  # no JAX work left running: a CUDA graph captured next must not see it
+        obs.block_until_ready()  # JAX's threads done: a CUDA graph captured next is not invalidated (resumed G1)
         return self.to_torch(obs)
 
     def step_flat(self, actions: torch.Tensor) -> torch.Tensor:
@@ -377,7 +377,7 @@ class PlaygroundVecEnv:
                 f"{self.env_name} envs on {PHYSICS_NAMES[self.physics]}"
             )
         self._state = tuple(self._jax.device_put(a, self._jax_device) for a in d["arrays"])
-        # The copies run on JAX's threads; a CUDA graph captured while they do is invalidated (resumed G1 runs).
+        # The copies run on JAX's threads; a CUDA graph captured while they do is invalidated.
         self._jax.block_until_ready(self._state)
 
     def close(self) -> None:
