@@ -14,6 +14,13 @@
     python benchmarks/bench_robot_update.py --tasks AcrobotSwingup:6:1 WalkerRun:24:6 --out $OUT/update
     python benchmarks/bench_robot_update.py --preset fpopp-locomotion --tasks Spot:81:12 --skip sampler \
         --variants eager compile bf16 compile+bf16 --out $OUT/spot
+
+`--compile-mode` and `--inductor KEY=VALUE` (torch._inductor.config) change how the compiled variants are
+compiled, e.g. Triton matrix-product templates only, so that SiLU and its derivative fuse into them:
+
+    python benchmarks/bench_robot_update.py --preset fpopp-locomotion --tasks Spot:81:12 --skip sampler \
+        --variants compile+bf16+split --compile-mode max-autotune-no-cudagraphs \
+        --inductor max_autotune_gemm_backends=TRITON --out $OUT/spot_triton
 """
 
 from __future__ import annotations
@@ -331,7 +338,27 @@ def rollout_timeline(state: F.State, args: F.Args) -> dict:
     }
 
 
-def main() -> None:
+def set_inductor(item: str) -> None:
+    """Set one torch._inductor.config value from KEY=VALUE (VALUE a Python literal, else a string)."""
+    import ast
+
+    import torch._inductor.config as config
+
+    key, eq, text = item.partition("=")
+    *parents, leaf = key.split(".")
+    obj = config
+    for part in parents:
+        obj = getattr(obj, part, None)
+    if not eq or obj is None or not hasattr(obj, leaf):
+        raise ValueError(f"--inductor {item!r}: expected KEY=VALUE with KEY a torch._inductor.config setting")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    setattr(obj, leaf, value)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tasks", nargs="+", default=["AcrobotSwingup:6:1", "WalkerRun:24:6"], help="NAME:obs_dim:act_dim")
     p.add_argument("--preset", default="fpo", choices=["fpo", "fpopp-locomotion"], help="the update's settings")
@@ -346,8 +373,25 @@ def main() -> None:
         "--rollout-no-compile", action="store_true", help="the update between the rollout timings without torch.compile"
     )
     p.add_argument("--compile-mode", default=None, help="torch.compile mode for the compiled update (default: torch's)")
+    p.add_argument(
+        "--inductor",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="torch._inductor.config settings for the compiled variants, e.g. max_autotune_gemm_backends=TRITON",
+    )
     p.add_argument("--out", type=Path, default=Path("bench_update"))
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     a = p.parse_args()
+    for item in a.inductor:
+        try:
+            set_inductor(item)
+        except ValueError as err:
+            p.error(str(err))
     a.out.mkdir(parents=True, exist_ok=True)
     if a.compile_mode:
         import functools
@@ -358,7 +402,7 @@ def main() -> None:
     unknown = [v for v in a.variants if not set(v.split("+")) <= {"eager", "compile", "fused", "bf16", "split"}]
     if unknown:
         p.error(f"--variants {unknown}: each is eager or compile, fused, bf16, split joined with +")
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tasks": {}}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "inductor": a.inductor, "tasks": {}}
     for task in a.rollout:
         result[f"rollout_{task}"] = time_rollout(task, a.repeats, not a.rollout_no_compile, a.rollout_quick)
         print(task, "rollout", json.dumps(result[f"rollout_{task}"]), flush=True)

@@ -41,6 +41,21 @@ def test_unknown_inductor_setting_is_rejected():
         bench_cifar_update.apply_inductor_setting("fastest")
 
 
+def test_robot_update_benchmark_sets_inductor_values_and_refuses_unknown_keys():
+    pytest.importorskip("triton", reason="bench_robot_update.py imports the Triton kernels")
+    import bench_robot_update
+    import torch._inductor.config as config
+
+    with config.patch({"triton.enable_persistent_tma_matmul": False, "max_autotune_gemm_backends": "ATEN"}):
+        bench_robot_update.set_inductor("triton.enable_persistent_tma_matmul=True")
+        bench_robot_update.set_inductor("max_autotune_gemm_backends=TRITON")
+        assert config.triton.enable_persistent_tma_matmul is True
+        assert config.max_autotune_gemm_backends == "TRITON"
+    for bad in ("no_such_setting=1", "triton.no_such=1", "max_autotune_gemm_backends"):
+        with pytest.raises(ValueError, match="KEY a torch._inductor.config setting"):
+            bench_robot_update.set_inductor(bad)
+
+
 def test_robot_update_matrix_products_count_the_default_network():
     import bench_robot_floor
 

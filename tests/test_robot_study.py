@@ -439,6 +439,25 @@ def plan_commands(script: str):
                     yield plan.relative_to(ROOT), name, argv
 
 
+def test_every_plan_line_of_the_update_benchmark_parses():
+    pytest.importorskip("triton", reason="bench_robot_update.py imports the Triton kernels")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_robot_update
+    import torch._inductor.config as config
+
+    lines = list(plan_commands("bench_robot_update.py"))
+    assert any("--inductor" in argv for _, _, argv in lines)
+    for plan, name, argv in lines:
+        a = bench_robot_update.build_parser().parse_args([os.path.expandvars(x) for x in argv])
+        saved = config.get_config_copy()
+        try:  # each KEY=VALUE names a setting (ValueError otherwise)
+            for item in a.inductor:
+                bench_robot_update.set_inductor(item)
+        finally:
+            config.load_config(saved)
+        assert a.preset in ("fpo", "fpopp-locomotion"), f"{plan} {name}"
+
+
 @pytest.mark.parametrize("script", ["robot_fpo_fast.py", "robot_fpo.py", "bench_robot_sps.py", "halving.py"])
 def test_every_plan_line_parses_with_its_script(script, monkeypatch):
     # A flag a script does not take (or takes in another form) fails a line on the GPU machine, where the plan's
