@@ -51,6 +51,7 @@ class Args:
     env_threads: int = 0  # envpool threads (0: one per core this process may use)
     episode_length: int = 1000  # time limit of the playground backend (the others use the id's own limit)
     random_start: bool = False  # playground: training episodes start at random points of the limit (official FPO++)
+    env_reset: Literal["first", "full"] = "first"  # playground: ended episodes restart from the first state, or reset
     physics: Literal["auto", "jax", "warp"] = "auto"  # playground: MJX (jax) or MuJoCo Warp; auto: per task, measured
     obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)
     obs_critic: str = ""  # dict observations: the critic's keys ("": privileged_state if present, else the actor's)
@@ -148,7 +149,7 @@ PRESETS["fpopp-locomotion"] = replace(
 # Settings --resume may change (total_timesteps moves --anneal-lr's horizon; evaluations draw no training randomness).
 MAY_CHANGE = (
     "total_timesteps", "num_updates", "resume", "track", "cuda", "tf32", "torch_threads", "env_threads",
-    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every",
+    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every", "env_reset",
 )
 # fmt: on
 

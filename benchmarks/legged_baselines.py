@@ -14,6 +14,13 @@ length ``eval_track_len`` (``fpo_utils/legged.py``). Prints a markdown table; ``
 Runs on the CPU with envpool; an episode is at most 1,000 steps. Example:
 
     python benchmarks/legged_baselines.py --tasks SpotFlatTerrainJoystick-v1 --episodes 4 --out /tmp/base.json
+
+With ``--checkpoint`` (a run's ``checkpoints/last.pt`` or a collected ``portable/NAME.pt``; one task), the same
+evaluation of that run's networks instead: the ``live`` actor that collects the training data and its ``ema``
+copy that the trainer evaluates, each from x0 = 0 and from random x0 (float32 on the CPU, whatever the run's
+``--bf16``):
+
+    python benchmarks/legged_baselines.py --tasks G1JoystickFlatTerrain-v1 --checkpoint RUN/checkpoints/last.pt
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ def standing(obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 POLICIES = (("standing", "-", standing), ("untrained", "zero", None), ("untrained", "random", None))  # name, x0
+X0 = ("zero", "random")
 
 
 def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
@@ -53,15 +61,11 @@ def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
     return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
 
 
-def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dict]:
-    """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
-    args = task_args(task, episodes, seed, threads)
-    device = book.seed_and_device(args)  # seeds torch as the trainer does before it builds the networks
-    state = R.build_state(args, device)
-    state.envs.close()
-    envs = book.task_envs(args, args.eval_episodes, args.eval_seed, device)
+def evaluate_policies(task: str, args: R.Args, state: R.State, policies) -> list[dict]:
+    """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments."""
+    envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
     rows = []
-    for policy, init, sample in POLICIES:
+    for policy, init, sample in policies:
         t0 = time.perf_counter()
         result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=sample)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
@@ -69,6 +73,37 @@ def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dic
         print(json.dumps(rows[-1]), flush=True)
     envs.close()
     return rows
+
+
+def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args, R.State]:
+    args = task_args(task, episodes, seed, threads)
+    device = book.seed_and_device(args)  # seeds torch as the trainer does before it builds the networks
+    state = R.build_state(args, device)
+    state.envs.close()  # its one training environment; evaluations make their own
+    return args, state
+
+
+def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+    """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
+    args, state = new_state(task, episodes, seed, threads)
+    return evaluate_policies(task, args, state, POLICIES)
+
+
+def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+    """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
+    args, state = new_state(task, episodes, seed, threads)
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(ckpt, dict) or ckpt.get("ema") is None:
+        raise SystemExit(f"error: {path} is not a robot run's checkpoint with an EMA actor (--actor-ema > 0)")
+    try:  # the networks, statistics and counters; the simulator state stays behind
+        book.load_checkpoint({**ckpt, "envs": None}, state)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[-1].strip()
+        raise SystemExit(f"error: {path} does not fit {task}'s {PRESET} networks ({first})") from None
+    update = int(ckpt["update"])
+    live, ema = f"live, update {update}", f"ema, update {update}"
+    policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
+    return evaluate_policies(task, args, state, policies)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -86,14 +121,23 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=R.PRESETS[PRESET].eval_episodes, help="evaluation episodes")
     parser.add_argument("--seed", type=int, default=R.PRESETS[PRESET].seed, help="seed of the untrained networks")
     parser.add_argument("--threads", type=int, default=0, help="envpool threads (0: one per core)")
+    parser.add_argument("--checkpoint", type=Path, help="evaluate this run checkpoint's live and EMA actors (one task)")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
-    rows = [r for task in opts.tasks for r in baselines(task, opts.episodes, opts.seed, opts.threads)]
+    if opts.checkpoint is not None:
+        if len(opts.tasks) != 1:
+            parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
+        if not opts.checkpoint.is_file():
+            parser.error(f"--checkpoint {opts.checkpoint}: no such file")
+        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, opts.threads)
+    else:
+        rows = [r for task in opts.tasks for r in baselines(task, opts.episodes, opts.seed, opts.threads)]
     table = markdown(rows)
     print(table)
     if opts.out:
         preset = R.PRESETS[PRESET]
         protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
+        protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 

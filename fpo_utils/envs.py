@@ -190,6 +190,7 @@ def make_envs(
     obs_keys: tuple[str, str] = ("", ""),
     physics: str = "auto",
     random_start: bool = False,
+    env_reset: str = "first",
 ):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
@@ -198,7 +199,9 @@ def make_envs(
     ``obs_keys`` the actor's and the critic's keys of a dict observation (``route_obs``);
     ``physics`` the playground backend's physics (:func:`resolve_physics`);
     ``random_start`` (playground only): every reset starts each episode at a random step of the time limit, so
-    the first episodes end at spread-out times (the official FPO++ runner's ``init_at_random_ep_len``).
+    the first episodes end at spread-out times (the official FPO++ runner's ``init_at_random_ep_len``);
+    ``env_reset`` (playground): an ended episode restarts from its cached first state with the task's info kept
+    (``first``) or from the task's reset (``full``; ``fpo_utils/playground_env.py``).
     """
     if num_envs < 1:
         raise RunError(f"num_envs must be at least 1, got {num_envs}")
@@ -207,8 +210,10 @@ def make_envs(
     physics = resolve_physics(env_id, kind, physics)
     if random_start and kind != "playground":
         raise RunError(f"random_start needs the playground backend ({env_id!r} runs on {kind})")
+    if env_reset != "first" and kind != "playground":
+        raise RunError(f"env_reset {env_reset!r} needs the playground backend ({env_id!r} runs on {kind})")
     if kind == "playground":
-        args = (env_id, num_envs, seed, device, episode_length, physics, obs_keys, random_start)
+        args = (env_id, num_envs, seed, device, episode_length, physics, obs_keys, random_start, env_reset)
         return _playground().PlaygroundVecEnv(*args)
     if kind == "envpool":
         return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)

@@ -11,8 +11,12 @@ Episodes follow the official FPO code and brax's training wrappers
 (`mujoco_playground.wrapper.wrap_for_brax_training`, action_repeat 1): an episode is cut after
 `episode_length` steps (`truncated`), a physics failure ends it (`terminated`), and a finished
 environment restarts from its own cached first state (the state `reset` drew for it), not from a
-fresh random one. The observation that ended the episode is kept as `info["final_obs"]`, so the
-trainer can bootstrap a truncated episode from it.
+fresh random one, and keeps the task's own info: a joystick task's command, for one, is redrawn only
+after 500 steps without a fall, so a robot that keeps falling keeps its command (``env_reset="first"``).
+``env_reset="full"`` runs the task's reset where an episode ended instead (new state, command, pushes:
+the task's whole info but the episode bookkeeping; not Playground's ``full_reset``, which also resets the
+truncation flag and episode sums the step reports). The observation that ended the episode is kept as
+`info["final_obs"]`, so the trainer can bootstrap a truncated episode from it.
 
 JAX, Playground and MJX are imported only when an environment is made (`pip install -e
 '.[playground]'`). JAX's memory preallocation is turned off before JAX starts
@@ -49,6 +53,8 @@ from fpo_utils.runfolder import RunError
 
 INSTALL_HINT = "pip install -e '.[playground]'"
 Physics = Literal["auto", "jax", "warp"]
+EnvReset = Literal["first", "full"]  # what an ended episode restarts from (module docstring)
+ENV_RESETS = ("first", "full")
 PHYSICS_NAMES = {"jax": "MJX", "warp": "MuJoCo Warp"}
 # Seconds per block of robot_fpo.py at the fpo preset, (MJX, MuJoCo Warp in graph mode WARP_STAGED): one H200,
 # bench_robot_blocks.py (benchmarks/robot_results/README.md, "MuJoCo Warp at the fpo preset"). Warp's fast graph
@@ -270,11 +276,14 @@ class PlaygroundVecEnv:
         physics: Physics = "jax",
         obs_keys: tuple[str, str] = ("", ""),
         random_start: bool = False,
+        env_reset: EnvReset = "first",
     ):
         if num_envs < 1:
             raise RunError(f"num_envs must be at least 1, got {num_envs}")
         if episode_length < 1:
             raise RunError(f"episode_length must be at least 1, got {episode_length}")
+        if env_reset not in ENV_RESETS:
+            raise RunError(f"env_reset {env_reset!r} is not one of {', '.join(ENV_RESETS)}")
         jax, _, wrapper, brax_training = _import_jax_playground()
         check_task(env_name)
         physics = resolve_physics(env_name, physics)
@@ -283,11 +292,14 @@ class PlaygroundVecEnv:
 
         self._jax, self._jnp = jax, jnp
         self.env_name, self.num_envs, self.episode_length, self.physics = env_name, num_envs, episode_length, physics
+        self.env_reset = env_reset
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        key = self._key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns)
-        if key not in _BUILT:  # environments of the same shape, physics and routing share their compiled functions
-            _BUILT[key] = _build(jax, jnp, wrapper, brax_training, *key[:3], self._jax_device, physics, route.columns)
+        key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns, env_reset)
+        self._key = key
+        if key not in _BUILT:  # environments of the same shape, physics, routing and resets share their functions
+            where = (self._jax_device, physics, route.columns, env_reset)
+            _BUILT[key] = _build(jax, jnp, wrapper, brax_training, *key[:3], *where)
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
         # a flat observation: actor and critic read all of it
@@ -364,13 +376,20 @@ class PlaygroundVecEnv:
         """Every environment's simulator state (host copies of the packed arrays), for a checkpoint."""
         if self._state is None:
             raise RuntimeError("state_dict() before reset()")
-        return {"task": self.env_name, "physics": self.physics, "arrays": [np.asarray(a) for a in self._state]}
+        arrays = [np.asarray(a) for a in self._state]
+        return {"task": self.env_name, "physics": self.physics, "env_reset": self.env_reset, "arrays": arrays}
 
     def load_state_dict(self, d: dict) -> None:
         """Continue from a :meth:`state_dict` of environments of the same task, physics, number and library
         versions (a state saved before the physics was recorded is MJX's)."""
         now = [(a.dtype, a.shape) for a in self._state]
         saved = d.get("physics", "jax")
+        if d.get("env_reset", "first") != self.env_reset:
+            raise RunError(
+                f"the checkpoint's environments were made with env_reset {d.get('env_reset', 'first')!r}, these "
+                f"with {self.env_reset!r}: resume from a checkpoint without environment state "
+                "(benchmarks/portable_checkpoints.py pack), which restarts them"
+            )
         if d["task"] != self.env_name or saved != self.physics or [(a.dtype, a.shape) for a in d["arrays"]] != now:
             raise RunError(
                 f"the checkpoint's environment state ({d['task']}, {PHYSICS_NAMES[saved]}) does not fit these "
@@ -538,10 +557,10 @@ _BUILT: dict = {}
 
 
 def _build(
-    jax, jnp, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics, columns
+    jax, jnp, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics, columns, env_reset
 ) -> SimpleNamespace:
     """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics,
-    routed keys). A dict observation leaves the step as the ``columns`` keys concatenated, flat."""
+    routed keys, auto-reset). A dict observation leaves the step as the ``columns`` keys concatenated, flat."""
     base = _mjx_task(env_name) if physics == "jax" else load_task(env_name, physics)
     if physics == "warp":
         _warp_options(base, jax_device)
@@ -559,7 +578,10 @@ def _build(
     env = brax_training.VmapWrapper(base)
     env = brax_training.EpisodeWrapper(env, episode_length, 1)
     env = _KeepFinalObs(wrapper.Wrapper, env)
-    env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
+    if env_reset == "first":
+        env = wrapper.BraxAutoResetWrapper(env)  # full_reset off: restart from the first state
+    else:
+        env = _FullReset(wrapper.Wrapper, env, jax, jnp)
 
     def keys(seed: int):  # raw uint32 keys, (num_envs, 2): brax's wrappers batch over them
         return jax.random.split(jax.device_put(jax.random.PRNGKey(seed), jax_device), num_envs)
@@ -658,6 +680,43 @@ def _state_packer(jax, jnp, example):
         return jax.tree.unflatten(treedef, xs)
 
     return pack, unpack
+
+
+EPISODE_KEYS = ("steps", "truncation", "episode_metrics", "episode_done", "final_obs")  # the wrappers' own info
+
+
+def _FullReset(base_cls, env, jax, jnp):
+    """`env` that auto-resets where an episode ended by calling its reset: a fresh state and the task's whole
+    info (command, push schedule, ...), but for the episode bookkeeping of the step that ended it
+    (:data:`EPISODE_KEYS`), which the trainer reads; ``steps`` restarts at the next step, as brax's does."""
+
+    class FullReset(base_cls):
+        def reset(self, rng):
+            keys = jax.vmap(jax.random.split)(rng)
+            state = self.env.reset(keys[:, 1])
+            state.info["full_reset_rng"] = keys[:, 0]
+            return state
+
+        def step(self, state, action):
+            keys = jax.vmap(jax.random.split)(state.info["full_reset_rng"])
+            state.info.update(steps=jnp.where(state.done, jnp.zeros_like(state.info["steps"]), state.info["steps"]))
+            state = self.env.step(state.replace(done=jnp.zeros_like(state.done)), action)
+            fresh, done = self.env.reset(keys[:, 1]), state.done
+
+            def pick(new, old):  # the fresh episode's value where this one ended (per-environment leaves)
+                if old.ndim < done.ndim or old.shape[0] != done.shape[0]:
+                    return old
+                return jnp.where(done.reshape(done.shape + (1,) * (old.ndim - done.ndim)) > 0, new, old)
+
+            info = dict(state.info)
+            for k, v in fresh.info.items():
+                if k not in EPISODE_KEYS:
+                    info[k] = jax.tree.map(pick, v, state.info[k])
+            info["full_reset_rng"] = keys[:, 0]
+            data, obs = (jax.tree.map(pick, a, b) for a, b in ((fresh.data, state.data), (fresh.obs, state.obs)))
+            return state.replace(data=data, obs=obs, info=info)
+
+    return FullReset(env)
 
 
 def _KeepFinalObs(base_cls, env):

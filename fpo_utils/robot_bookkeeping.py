@@ -33,7 +33,7 @@ def task_envs(args, num_envs: int, seed: int, device: torch.device, random_start
     """``num_envs`` environments of the run's task, the actor's and the critic's observation keys routed (the
     training ones with ``--random-start``; evaluation episodes always run from their start to the limit)."""
     where, keys = (args.backend, device, args.env_threads, args.episode_length), (args.obs_actor, args.obs_critic)
-    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics, random_start)
+    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics, random_start, args.env_reset)
 
 
 def resumed_curve(rf, update: int) -> tuple[list, list]:

@@ -631,6 +631,43 @@ def test_go1_observation_is_routed_state_then_privileged_state(go1):
         assert torch.equal(o[:, 48:], torch.tensor(np.asarray(inner["privileged_state"])))
 
 
+def test_full_reset_redraws_the_command_and_keeps_the_ended_episodes_bookkeeping(go1):
+    """An episode cut at the limit: with ``env_reset="first"`` (the ``go1`` fixture) the next one starts from the
+    cached first state with the same command; with ``"full"`` from the task's reset, with a new command. Both
+    report the ended episode's truncation, length, return and final observation."""
+    from fpo_utils import legged
+    from fpo_utils.playground_env import PlaygroundVecEnv
+
+    full = PlaygroundVecEnv(GO1, 4, seed=0, device=torch.device("cpu"), episode_length=GO1_EPISODE, env_reset="full")
+    seen = {}
+    for name, e in (("first", go1), ("full", full)):
+        obs = e.reset(3).clone()
+        total, before = torch.zeros(4), legged.command_velocity(e, obs)[0]
+        for k, a in enumerate(actions(GO1_EPISODE, e.act_dim, seed=5)):
+            o, r, term, trunc, info = e.step(a)
+            total += r
+            last = info["final_obs"].clone()
+        assert trunc.all() and not term.any(), name
+        torch.testing.assert_close(info["episode_length"], torch.full((4,), float(GO1_EPISODE)))
+        torch.testing.assert_close(info["episode_return"], total, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(last, o)  # the observation that ended the episode, not the next one's first
+        seen[name] = (before, legged.command_velocity(e, o)[0], obs, o.clone())
+    before, after, start, restart = seen["first"]
+    assert torch.equal(after, before) and torch.equal(restart, start)  # the first state again, command and all
+    before, after, start, restart = seen["full"]
+    assert not torch.isclose(after, before).all(dim=1).any()  # every environment's command is drawn anew
+    with pytest.raises(RunError, match="env_reset 'full'.*'first'"):
+        go1.load_state_dict(full.state_dict())  # the two keep different simulator states
+    full.close()
+
+
+def test_full_reset_is_refused_off_playground():
+    from fpo_utils.envs import make_envs
+
+    with pytest.raises(RunError, match="env_reset 'full' needs the playground backend"):
+        make_envs("InvertedPendulum-v5", 2, 0, "gymnasium", env_reset="full")
+
+
 def go1_args(tmp_path, presets=None, **kw):
     """The fpopp-locomotion preset (of ``presets``, default robot_fpo's) on 4 Go1 environments, tiny: 8 steps an
     update, small networks."""
@@ -664,6 +701,33 @@ def test_go1_fpopp_locomotion_end_to_end(tmp_path, go1):
     assert ckpt["actor"]["net.0.weight"].shape[1] == 48 + 12 + 8  # state, the noisy action, the time embedding
     assert ckpt["critic"]["net.0.weight"].shape[1] == 123  # privileged_state
     assert ckpt["envs"]["sim"]["task"] == GO1
+
+
+def test_go1_runs_with_full_resets_and_a_resume_may_not_switch_them_under_a_saved_state(tmp_path, go1):
+    """--env-reset full end to end on Go1 (episodes of 5 steps, so every update restarts them): finite losses, the
+    setting in args.json and in the checkpoint's environment state; a resume that switches back to first-state
+    restarts is refused in one line while the checkpoint holds that state, and runs once it does not (the
+    environments restart, as after benchmarks/portable_checkpoints.py)."""
+    from dataclasses import replace
+
+    import robot_fpo as R
+
+    args = go1_args(tmp_path, env_reset="full")
+    R.main(args)
+    run = tmp_path / "go1"
+    assert json.loads((run / "args.json").read_text())["env_reset"] == "full"
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean", "grad_norm"))
+    assert rows[-1]["episodes"] > 0  # 16 steps of episodes of 5: some ended inside the last rollout
+    last = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=False)
+    assert ckpt["envs"]["sim"]["env_reset"] == "full"
+    back = replace(args, env_reset="first", resume=True, num_updates=3)
+    with pytest.raises(RunError, match="env_reset 'full'.*'first'"):
+        R.main(back)
+    torch.save({**ckpt, "envs": None}, last)
+    R.main(back)
+    assert [r["update"] for r in read_jsonl(run / "metrics.jsonl")][-1] == 3
 
 
 def test_go1_scanned_rollout_matches_the_per_step_rollout(tmp_path, go1):
