@@ -11,8 +11,8 @@ Episodes follow the official FPO code and brax's training wrappers
 (`mujoco_playground.wrapper.wrap_for_brax_training`, action_repeat 1): an episode is cut after
 `episode_length` steps (`truncated`), a physics failure ends it (`terminated`), and a finished
 environment restarts from its own cached first state (the state `reset` drew for it), not from a
-fresh random one, and keeps the task's own info: a joystick task's command, for one, is redrawn only
-after 500 steps without a fall, so a robot that keeps falling keeps its command (``env_reset="first"``).
+fresh random one, and keeps the task's own info: G1's joystick command, for one, is redrawn only
+after 500 steps without a fall, so a G1 that keeps falling keeps its command (``env_reset="first"``).
 ``env_reset="full"`` runs the task's reset where an episode ended instead (new state, command, pushes:
 the task's whole info but the episode bookkeeping; not Playground's ``full_reset``, which also resets the
 truncation flag and episode sums the step reports). The observation that ended the episode is kept as
