@@ -254,3 +254,32 @@ def test_the_playground_backend_gives_the_same_columns():
         np.testing.assert_allclose(rewards[0], metrics["reward/tracking_lin_vel"], rtol=0, atol=1e-6)
         np.testing.assert_allclose(rewards[1], metrics["reward/tracking_ang_vel"], rtol=0, atol=1e-6)
     envs.close()
+
+
+# ---------------------------------------------------------------------------- a checkpoint's live and EMA actors
+def test_checkpoint_rows_evaluate_the_live_actor_and_its_ema_copy(tmp_path):
+    """benchmarks/legged_baselines.py --checkpoint: a checkpoint whose live actor outputs no velocity (last layer
+    zeroed: from x0 = 0 it stands) and whose EMA copy is the untrained actor gives the standing row and the
+    untrained rows of the same evaluation."""
+    pytest.importorskip("envpool")
+    needs_task(SPOT)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    base = {(r["policy"], r["init"]): r for r in LB.baselines(SPOT, episodes=1, seed=3, threads=1)}
+    _, state = LB.new_state(SPOT, 1, 3, 1)
+    payload = {k: None if getattr(state, k) is None else getattr(state, k).state_dict() for k in book.PARTS}
+    last = max(k for k in payload["actor"] if k.endswith(".weight"))  # net.6: the output layer
+    for k in (last, last.replace("weight", "bias")):
+        payload["actor"][k] = torch.zeros_like(payload["actor"][k])
+    path = tmp_path / "last.pt"
+    torch.save({**payload, "envs": None, "update": 7, "global_step": 0, "peak": (0.0, 0, -1)}, path)
+    rows = {(r["policy"], r["init"]): r for r in LB.checkpoint_rows(SPOT, path, episodes=1, seed=3, threads=1)}
+    assert set(rows) == {(f"{p}, update 7", i) for p in ("live", "ema") for i in ("zero", "random")}
+    keys = ("eval_return", *legged.TRACK_KEYS)
+    assert [rows["live, update 7", "zero"][k] for k in keys] == [base["standing", "-"][k] for k in keys]
+    for init in ("zero", "random"):
+        assert [rows["ema, update 7", init][k] for k in keys] == [base["untrained", init][k] for k in keys]
+    assert rows["live, update 7", "random"]["eval_return"] != base["untrained", "random"]["eval_return"]
+    with pytest.raises(SystemExit, match="does not fit G1JoystickFlatTerrain-v1"):
+        LB.checkpoint_rows("G1JoystickFlatTerrain-v1", path, episodes=1, seed=3, threads=1)
