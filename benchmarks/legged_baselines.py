@@ -89,18 +89,24 @@ def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dic
     return evaluate_policies(task, args, state, POLICIES)
 
 
-def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads: int = 0) -> list[dict]:
-    """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
-    args, state = new_state(task, episodes, seed, threads)
+def load_networks(state: R.State, path: Path, task: str) -> int:
+    """A run checkpoint's networks, statistics and counters into ``state`` (its simulator state stays behind);
+    returns its update. A file that is not such a checkpoint, or one of another task's networks, exits in a line."""
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     if not isinstance(ckpt, dict) or ckpt.get("ema") is None:
         raise SystemExit(f"error: {path} is not a robot run's checkpoint with an EMA actor (--actor-ema > 0)")
-    try:  # the networks, statistics and counters; the simulator state stays behind
+    try:
         book.load_checkpoint({**ckpt, "envs": None}, state)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[-1].strip()
         raise SystemExit(f"error: {path} does not fit {task}'s {PRESET} networks ({first})") from None
-    update = int(ckpt["update"])
+    return int(ckpt["update"])
+
+
+def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+    """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
+    args, state = new_state(task, episodes, seed, threads)
+    update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
     return evaluate_policies(task, args, state, policies)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from legged_baselines import load_networks  # noqa: E402
+
 import robot_fpo as R  # noqa: E402
 from fpo_utils import legged  # noqa: E402
 from fpo_utils import robot_bookkeeping as book  # noqa: E402
@@ -41,8 +43,7 @@ def build(task: str, envs: int, env_reset: str, seed: int, checkpoint: Path | No
     args = replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
     state = R.build_state(args, book.seed_and_device(args))
     if checkpoint is not None:
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        book.load_checkpoint({**ckpt, "envs": None}, state)  # networks and statistics; fresh environments
+        load_networks(state, checkpoint, task)  # networks and statistics; fresh environments
     return args, state
 
 
