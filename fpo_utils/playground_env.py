@@ -691,10 +691,10 @@ def _FullReset(base_cls, env, jax, jnp):
     (:data:`EPISODE_KEYS`), which the trainer reads; ``steps`` restarts at the next step, as brax's does."""
 
     class FullReset(base_cls):
-        def reset(self, rng):
+        def reset(self, rng):  # the task's keys as BraxAutoResetWrapper.reset makes them: one seed, one first state
             keys = jax.vmap(jax.random.split)(rng)
-            state = self.env.reset(keys[:, 1])
-            state.info["full_reset_rng"] = keys[:, 0]
+            state = self.env.reset(keys[..., 1])
+            state.info["full_reset_rng"] = keys[..., 0]
             return state
 
         def step(self, state, action):

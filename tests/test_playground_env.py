@@ -652,6 +652,7 @@ def test_full_reset_redraws_the_command_and_keeps_the_ended_episodes_bookkeeping
         torch.testing.assert_close(info["episode_return"], total, rtol=1e-5, atol=1e-5)
         assert not torch.equal(last, o)  # the observation that ended the episode, not the next one's first
         seen[name] = (before, legged.command_velocity(e, o)[0], obs, o.clone())
+    assert torch.equal(seen["full"][2], seen["first"][2])  # one seed, the same first states in both modes
     before, after, start, restart = seen["first"]
     assert torch.equal(after, before) and torch.equal(restart, start)  # the first state again, command and all
     before, after, start, restart = seen["full"]
