@@ -32,6 +32,7 @@ import robot_fpo as R  # noqa: E402
 from fpo_utils import legged  # noqa: E402
 from fpo_utils import robot_bookkeeping as book  # noqa: E402
 from fpo_utils.envs import env_settings  # noqa: E402
+from fpo_utils.playground_env import ENV_RESETS  # noqa: E402
 
 
 def build(task: str, envs: int, env_reset: str, seed: int, checkpoint: Path | None) -> tuple[R.Args, R.State]:
@@ -81,7 +82,7 @@ def windows(args: R.Args, state: R.State, count: int, policy: str) -> list[dict]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="G1JoystickFlatTerrain", help="a Playground joystick task")
-    p.add_argument("--env-reset", choices=["first", "full"], default="first", help="robot_fpo.py's --env-reset")
+    p.add_argument("--env-reset", choices=ENV_RESETS, default="first", help="robot_fpo.py's --env-reset")
     p.add_argument("--envs", type=int, default=64, help="environments")
     p.add_argument("--windows", type=int, default=50, help="rollouts of 24 steps")
     p.add_argument("--seed", type=int, default=1, help="seed of the environments and the noise")

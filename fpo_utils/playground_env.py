@@ -42,7 +42,7 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ from fpo_utils.runfolder import RunError
 INSTALL_HINT = "pip install -e '.[playground]'"
 Physics = Literal["auto", "jax", "warp"]
 EnvReset = Literal["first", "full"]  # what an ended episode restarts from (module docstring)
-ENV_RESETS = ("first", "full")
+ENV_RESETS = get_args(EnvReset)
 PHYSICS_NAMES = {"jax": "MJX", "warp": "MuJoCo Warp"}
 # Seconds per block of robot_fpo.py at the fpo preset, (MJX, MuJoCo Warp in graph mode WARP_STAGED): one H200,
 # bench_robot_blocks.py (benchmarks/robot_results/README.md, "MuJoCo Warp at the fpo preset"). Warp's fast graph
