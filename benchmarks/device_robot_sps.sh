@@ -9,22 +9,23 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/robot_sps}
+py=${PYTHON:-python3}
 mkdir -p "$OUT"
 if [ -n "${ENVPOOL_BUNDLE:-}" ]; then
   tar xzf "$ENVPOOL_BUNDLE" -C /tmp && export PYTHONPATH=/tmp/envpool_bundle:${PYTHONPATH:-}
 fi
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  "$py" -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
-{ nproc; lscpu | grep -i 'model name'; nvidia-smi -L; python3 -c 'import torch, envpool; print("torch", torch.__version__, "envpool", envpool.__version__)'; } 2>&1 | tee "$OUT/machine.txt"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_robot_fpo_fast.py tests/test_samplers.py 2>&1 | tail -n 3 | tee "$OUT/gpu_tests.txt"
+{ nproc; lscpu | grep -i 'model name'; nvidia-smi -L; "$py" -c 'import torch, envpool; print("torch", torch.__version__, "envpool", envpool.__version__)'; } 2>&1 | tee "$OUT/machine.txt"
+timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_robot_fpo_fast.py tests/test_samplers.py 2>&1 | tail -n 3 | tee "$OUT/gpu_tests.txt"
 bench() {  # bench <task> <repeats>
-  taskset -c 0-15 timeout 150 python3 benchmarks/bench_robot_sps.py --env-id "$1" --num-envs "${NUM_ENVS:-1024}" --cuda \
+  taskset -c 0-15 timeout 150 "$py" benchmarks/bench_robot_sps.py --env-id "$1" --num-envs "${NUM_ENVS:-1024}" --cuda \
     --repeats "$2" --num-updates "${UPDATES:-3}" --json-out "$OUT/sps_$1.json" 2>&1 | tail -n 1
 }
 bench HalfCheetah-v5 "${REPEATS:-2}"
-timeout "${POOL_TIMEOUT:-100}" python3 - <<'PY' 2>&1 | tee "$OUT/pool_build.txt"
+timeout "${POOL_TIMEOUT:-100}" "$py" - <<'PY' 2>&1 | tee "$OUT/pool_build.txt"
 import time
 import envpool
 t = time.perf_counter()

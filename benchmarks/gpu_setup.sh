@@ -4,7 +4,7 @@
 # and PEERPATH (PYTHONPATH for the official FPO runner: Playground 0.0.5 and the peer's sources).
 # Keep them apart: the two Playground versions must not share one PYTHONPATH.
 _b=${1:?usage: source benchmarks/gpu_setup.sh DIR}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$_b"/whl/*.whl 2>&1 | grep -v WARNING
+"${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$_b"/whl/*.whl 2>&1 | grep -v WARNING
 mkdir -p /tmp/so /tmp/sp /tmp/ep
 # a DIR with whl/ alone is enough for CIFAR grids (halving.py cifar-grid): the robot parts are skipped when absent
 if [ -f "$_b/pg/site_ours.tar.xz" ]; then tar xJf "$_b/pg/site_ours.tar.xz" -C /tmp/so; fi

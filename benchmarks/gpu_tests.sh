@@ -9,6 +9,7 @@
 set -uo pipefail
 bundle=${1:?usage: gpu_tests.sh BUNDLE_DIR [LOG_DIR]}
 logs=${2:-/tmp/gpu_tests}
+py=${PYTHON:-python3}
 mkdir -p "$logs"
 source benchmarks/gpu_setup.sh "$bundle"
 export PYTHONPATH=$OURS PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 OMP_NUM_THREADS=2
@@ -17,12 +18,12 @@ files=(tests/test_flow_triton.py tests/test_playground_env.py tests/test_robot_f
   tests/test_obs_routing.py tests/test_cifar_pack.py)
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import sys, torch, jax, pytest, triton
+  "$py" -c "import sys, torch, jax, pytest, triton
 print('python', sys.version.split()[0], '| torch', torch.__version__, '| jax', jax.__version__, jax.default_backend(),
       '| pytest', pytest.__version__, '| triton', triton.__version__)"
 } | tee "$logs/versions.txt"
 for f in "${files[@]}"; do
-  python3 -m pytest -q -rA -p no:cacheprovider "$f" > "$logs/$(basename "$f" .py).log" 2>&1 &
+  "$py" -m pytest -q -rA -p no:cacheprovider "$f" > "$logs/$(basename "$f" .py).log" 2>&1 &
 done
 wait
 status=0

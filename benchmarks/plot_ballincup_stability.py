@@ -22,6 +22,8 @@ import re
 import tarfile
 from pathlib import Path
 
+from results_data import require
+
 ROOT = Path(__file__).resolve().parent / "robot_results"
 SOURCES = [
     ("ballincup/data/study.tar.gz", "earlier call (4 x H200)"),
@@ -70,7 +72,7 @@ def load() -> list[dict]:
     runs = []
     for rel, call in SOURCES:
         metrics = {}
-        for name, data in members(ROOT / rel):
+        for name, data in members(require(ROOT / rel)):
             m = re.search(r"runs/BallInCup_(?:ae1\.0_)?s(\d)/metrics\.jsonl$", name)
             if m:
                 rows = [json.loads(line) for line in io.StringIO(data.decode()) if line.strip()]

@@ -51,6 +51,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
+from results_data import require  # noqa: E402
 
 # tab:scale, column g = 1: the shape with the best mean per-run validation peak on the seven-profile grid.
 PAPER_G1_WINNER = {"auto-a35": -1.0, "mixed": -1.0, "edge": 0.0, "clip": -1.0, "simclr": -1.0, "digit7": -0.5}
@@ -102,7 +103,7 @@ def grid_files(paths: Tuple[str, ...], unpack: Path) -> List[str]:
     for p in paths:
         if str(p).endswith((".tar.gz", ".tgz")):
             dest = unpack / Path(p).name.split(".t")[0]
-            with tarfile.open(p) as tar:
+            with tarfile.open(require(p)) as tar:
                 tar.extractall(dest, filter="data")
             out += sorted(str(g) for g in dest.rglob("grid.json"))
         else:

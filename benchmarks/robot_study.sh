@@ -24,11 +24,13 @@
 # PYTHONUNBUFFERED=1 and MUJOCO_GL=disable (unless set) are exported too; the rest of the caller's
 # environment passes through. On a machine whose working tree is re-copied call by call, keep DIR
 # outside it (e.g. /tmp/study) and collect into the folder the call hands back.
+# PYTHON (default python3) is the interpreter that runs portable_checkpoints.py for collect and restore.
 # The analysis: python benchmarks/plot_robot_study.py DIR (it expects run folders named NAME in
 # DIR/runs, the official runner's JSONs in DIR/peer and its logs as logs/official_TASK_sSEED.log).
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 root=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-python3}
 usage() {
   echo "usage: $0 start DIR PLANFILE | wait DIR SECONDS | status DIR | stop DIR SECONDS | collect DIR DEST |" \
     "restore SRC DIR" >&2
@@ -104,9 +106,9 @@ status)
   done ;;
 collect)
   dest=${3:?DEST}; mkdir -p "$dest" && rm -f "$dest"/study.tar.gz "$dest"/study.tar.gz.[0-9]*
+  packed=1
   if [ "${CHECKPOINTS:-0}" != 0 ]; then
-    python3 "$root/benchmarks/portable_checkpoints.py" pack "$dir" ||
-      echo "warning: packing the checkpoints failed; collecting the runs without them" >&2
+    "$py" "$root/benchmarks/portable_checkpoints.py" pack "$dir" || packed=0
   fi
   tar -C "$(dirname "$dir")" --warning=no-file-changed --exclude=checkpoints --exclude='events.out.tfevents*' \
     --exclude='study.tar.gz*' -czf "$dest/study.tar.gz" "$(basename "$dir")"
@@ -115,11 +117,17 @@ collect)
   if [ "$(stat -c %s "$dest/study.tar.gz")" -gt "$part" ]; then
     split -b "$part" -d -a 2 "$dest/study.tar.gz" "$dest/study.tar.gz." && rm "$dest/study.tar.gz"
   fi
-  ls -l "$dest"/study.tar.gz* ;;
+  ls -l "$dest"/study.tar.gz*
+  # CHECKPOINTS=1 asked for the checkpoints: the runs are collected all the same, but the call fails.
+  [ $packed = 1 ] || { echo "error: packing the checkpoints with $py failed; $dest holds the runs without them" >&2; exit 4; } ;;
 restore)  # SRC DIR: what collect wrote into SRC (study.tar.gz or its parts), its runs into DIR/runs
   [ $# -eq 3 ] || usage
   src=$2; dir=$3; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  cat "$src"/study.tar.gz* | tar -xzf - -C "$tmp" || { echo "error: no readable study.tar.gz in $src" >&2; exit 2; }
-  mkdir -p "$dir/runs" && python3 "$root/benchmarks/portable_checkpoints.py" unpack "$tmp"/* "$dir" ;;
+  if ! cat "$src"/study.tar.gz* | tar -xzf - -C "$tmp"; then
+    echo "error: no readable study.tar.gz in $src (this repository's raw results:" \
+      "python benchmarks/results_data.py fetch $src)" >&2
+    exit 2
+  fi
+  mkdir -p "$dir/runs" && "$py" "$root/benchmarks/portable_checkpoints.py" unpack "$tmp"/* "$dir" ;;
 *) usage ;;
 esac

@@ -17,10 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "robot_study.sh"
 PLOT = ROOT / "benchmarks" / "plot_robot_study.py"
 BLOCK = 983_040
+ENV = {**os.environ, "PYTHON": sys.executable}  # the script's helpers run with this interpreter, not PATH's python3
+KW = {"capture_output": True, "text": True, "timeout": 60}
 
 
 def study(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(STUDY), *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", str(STUDY), *map(str, args)], capture_output=True, text=True, env=ENV, timeout=60)
 
 
 def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_path):
@@ -36,7 +38,7 @@ def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_p
         'cpu slow sleep 1; echo "dev=[${CUDA_VISIBLE_DEVICES-unset}] $STUDY_PROBE"; exit 7\n'
     )
     d = tmp_path / "st"
-    env = {**os.environ, "STUDY_PROBE": "passed-through"}  # the caller's environment reaches the commands
+    env = {**ENV, "STUDY_PROBE": "passed-through"}  # the caller's environment reaches the commands
     env.pop("CUDA_VISIBLE_DEVICES", None)
     r = subprocess.run(
         ["bash", str(STUDY), "start", str(d), str(plan)], capture_output=True, text=True, env=env, timeout=30
@@ -76,7 +78,7 @@ def test_queues_run_in_order_survive_failures_and_pack_without_checkpoints(tmp_p
         ["bash", str(STUDY), "collect", str(d), str(dest)],
         capture_output=True,
         text=True,
-        env={**os.environ, "STUDY_PART_BYTES": "300"},
+        env={**ENV, "STUDY_PART_BYTES": "300"},
         timeout=30,
     )
     assert r.returncode == 0, r.stderr
@@ -398,7 +400,7 @@ def test_runs_collected_with_checkpoints_resume_on_another_machine(tmp_path):
         ["bash", str(STUDY), "collect", str(d), str(tmp_path / "dest")],
         capture_output=True,
         text=True,
-        env={**os.environ, "CHECKPOINTS": "1", "STUDY_PART_BYTES": "20000"},
+        env={**ENV, "CHECKPOINTS": "1", "STUDY_PART_BYTES": "20000"},
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -414,6 +416,28 @@ def test_runs_collected_with_checkpoints_resume_on_another_machine(tmp_path):
     got, want = (read_jsonl(p / "run" / "metrics.jsonl") for p in (other / "runs", tmp_path / "a"))
     assert [row["update"] for row in got] == [0, 1, 2, 3, 4]
     assert strip_time(got) == strip_time(want)
+
+
+def test_collect_fails_when_the_checkpoints_asked_for_cannot_be_packed(tmp_path):
+    # CHECKPOINTS=1 with an interpreter that cannot pack them (here one that always fails): the runs are still
+    # collected, but the call exits non-zero and says why, instead of handing back a study without checkpoints.
+    d = tmp_path / "st"
+    (d / "runs" / "run" / "checkpoints").mkdir(parents=True)
+    (d / "runs" / "run" / "metrics.jsonl").write_text('{"update": 0}\n')
+    (d / "runs" / "run" / "checkpoints" / "last.pt").write_bytes(b"x")
+    (d / "plan.txt").write_text("cpu run true\n")
+    env = {**ENV, "CHECKPOINTS": "1", "PYTHON": "false"}
+    r = subprocess.run(["bash", str(STUDY), "collect", str(d), str(tmp_path / "dest")], **KW, env=env)
+    assert r.returncode == 4 and "packing the checkpoints with false failed" in r.stderr
+    with tarfile.open(tmp_path / "dest" / "study.tar.gz") as tar:
+        assert "st/runs/run/metrics.jsonl" in tar.getnames()
+    r = subprocess.run(["bash", str(STUDY), "collect", str(d), str(tmp_path / "dest")], **KW, env=ENV)
+    assert r.returncode == 0, r.stderr  # without CHECKPOINTS=1 nothing is asked of the interpreter
+
+
+def test_restore_of_a_missing_folder_says_how_to_fetch_it(tmp_path):
+    r = study("restore", ROOT / "benchmarks" / "robot_results" / "legged" / "data" / "partNONE", tmp_path / "x")
+    assert r.returncode == 2 and "results_data.py fetch" in r.stderr
 
 
 def plan_commands(script: str):
