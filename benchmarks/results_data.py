@@ -127,8 +127,10 @@ def repo_paths(paths: list[str]) -> list[str]:
     return out
 
 
-def blob_of(path: Path) -> str:
-    return git("hash-object", "--", str(path), text=True).stdout.strip()
+def blobs(paths: list[str], write: bool = False) -> list[str]:
+    """Git's blob ids of the files at ``paths`` (repository paths), stored in the repository when ``write``."""
+    args = ["hash-object", *(["-w"] if write else []), "--stdin-paths"]
+    return git(*args, input="".join(f"{p}\n" for p in paths), text=True).stdout.split()
 
 
 def fetch(paths: list[str], remote: str, force: bool) -> int:
@@ -142,7 +144,7 @@ def fetch(paths: list[str], remote: str, force: bool) -> int:
         for path, blob, size in files:
             dest = ROOT / path
             if dest.exists():
-                if dest.stat().st_size == size and blob_of(dest) == blob:
+                if dest.stat().st_size == size and blobs([path]) == [blob]:
                     same += 1
                     continue
                 if not force:
@@ -184,15 +186,14 @@ def publish(message: str, remote: str) -> int:
     recorded = {p: b for p, b, _ in raw_files(base, [])}
     out = git("ls-files", "--others", "--ignored", "--exclude-standard", "-z", "--", "benchmarks").stdout.decode()
     new = [p for p in filter(None, out.split("\0")) if is_raw(p) and not p.endswith(".part")]
-    changed = [p for p in new if recorded.get(p) != blob_of(ROOT / p)]
+    changed = [p for p, b in zip(new, blobs(new)) if recorded.get(p) != b]
     if not changed:
         print("nothing to publish: every raw file here is already recorded")
         return 0
     with tempfile.TemporaryDirectory() as tmp:  # a private index: the working tree's own index is untouched
         env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
         git("read-tree", base, env=env)
-        for p in changed:
-            blob = git("hash-object", "-w", "--", p, text=True).stdout.strip()
+        for p, blob in zip(changed, blobs(changed, write=True)):
             git("update-index", "--add", "--cacheinfo", f"100644,{blob},{p}", env=env)
         tree = git("write-tree", env=env, text=True).stdout.strip()
     data = git("commit-tree", tree, "-p", base, "-m", message, text=True).stdout.strip()
