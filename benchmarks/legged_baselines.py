@@ -21,6 +21,10 @@ copy that the trainer evaluates, each from x0 = 0 and from random x0 (float32 on
 ``--bf16``):
 
     python benchmarks/legged_baselines.py --tasks G1JoystickFlatTerrain-v1 --checkpoint RUN/checkpoints/last.pt
+
+With ``--terms``, each row also holds where its return came from: ``term_<name>``, each reward term of the task
+summed over a first episode (envpool's ``info["reward_<name>"]``, scaled by the task's weight) times the control
+step (0.02 s), the mean over the episodes. The terms add up to ``eval_return``; the script checks that they do.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,6 +49,7 @@ from fpo_utils.envs import env_settings  # noqa: E402
 TASKS = ("SpotFlatTerrainJoystick-v1", "Go1JoystickFlatTerrain-v1", "G1JoystickFlatTerrain-v1")
 PRESET = "fpopp-locomotion"
 COLUMNS = ("eval_return", *legged.TRACK_KEYS)
+CONTROL_DT = 0.02  # seconds per step of the joystick tasks (Playground's ctrl_dt); reward = dt * sum of the terms
 
 
 def standing(obs: torch.Tensor, x0: torch.Tensor, steps: int) -> torch.Tensor:
@@ -61,14 +68,51 @@ def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
     return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
 
 
-def evaluate_policies(task: str, args: R.Args, state: R.State, policies) -> list[dict]:
-    """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments."""
+class TermSums:
+    """The envpool evaluation environments ``envs``, recording each reward term (the pool's
+    ``info["reward_<name>"]``) summed over every environment's first episode, as ``R.evaluate`` counts its return."""
+
+    def __init__(self, envs, dt: float = CONTROL_DT):
+        self.envs, self.dt = envs, dt
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, seed: int):
+        obs = self.envs.reset(seed)  # (re)makes the pool: wrap the one that steps now
+        self.sums, self.finished, pool = {}, None, self.envs._pool
+        self.envs._pool = SimpleNamespace(
+            step=lambda a: self._record(*pool.step(a)), reset=pool.reset, close=pool.close
+        )
+        return obs
+
+    def _record(self, obs, reward, term, trunc, info):
+        alive = np.ones(len(reward), bool) if self.finished is None else ~self.finished
+        for key in (k for k in info if k.startswith("reward_")):
+            self.sums[key] = self.sums.get(key, 0.0) + np.where(alive, np.asarray(info[key], np.float64) * self.dt, 0)
+        self.finished = ~alive | term | trunc
+        return obs, reward, term, trunc, info
+
+    def means(self) -> dict:
+        """``term_<name>``: the mean over the episodes of each term's sum."""
+        return {f"term_{k.removeprefix('reward_')}": float(v.mean()) for k, v in self.sums.items()}
+
+
+def evaluate_policies(task: str, args: R.Args, state: R.State, policies, terms: bool = False) -> list[dict]:
+    """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments;
+    with ``terms``, also each reward term's share of the return (``TermSums``)."""
     envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
+    envs = TermSums(envs) if terms else envs
     rows = []
     for policy, init, sample in policies:
         t0 = time.perf_counter()
         result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=sample)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
+        if terms:
+            row.update(envs.means())
+            total = sum(v for k, v in row.items() if k.startswith("term_"))
+            if abs(total - row["eval_return"]) > 1e-3 * max(1.0, abs(row["eval_return"])):
+                raise SystemExit(f"error: the reward terms add up to {total:.6f}, the return is {row['eval_return']}")
         rows.append(dict(row, seconds=round(time.perf_counter() - t0, 2)))
         print(json.dumps(rows[-1]), flush=True)
     envs.close()
@@ -83,10 +127,10 @@ def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args
     return args, state
 
 
-def baselines(task: str, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+def baselines(task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False) -> list[dict]:
     """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
     args, state = new_state(task, episodes, seed, threads)
-    return evaluate_policies(task, args, state, POLICIES)
+    return evaluate_policies(task, args, state, POLICIES, terms)
 
 
 def load_networks(state: R.State, path: Path, task: str) -> int:
@@ -103,13 +147,15 @@ def load_networks(state: R.State, path: Path, task: str) -> int:
     return int(ckpt["update"])
 
 
-def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads: int = 0) -> list[dict]:
+def checkpoint_rows(
+    task: str, path: Path, episodes: int, seed: int, threads: int = 0, terms: bool = False
+) -> list[dict]:
     """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
     args, state = new_state(task, episodes, seed, threads)
     update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
-    return evaluate_policies(task, args, state, policies)
+    return evaluate_policies(task, args, state, policies, terms)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -118,6 +164,11 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         values = [(f"{r[k]:.1f}" if k == "eval_track_len" else f"{r[k]:.3f}") if k in r else "-" for k in COLUMNS]
         lines.append("| " + " | ".join([r["task"], r["policy"], r["init"], *values, f"{r['seconds']:.1f}"]) + " |")
+    terms = [k for k in dict.fromkeys(k for r in rows for k in r if k.startswith("term_")) if any(r[k] for r in rows)]
+    if terms:  # the terms that are not zero in every row, one row per evaluation
+        lines += ["", "| policy | x0 | " + " | ".join(k.removeprefix("term_") for k in terms) + " |"]
+        lines.append("|" + "---|" * (2 + len(terms)))
+        lines += ["| " + " | ".join([r["policy"], r["init"], *(f"{r[k]:.3f}" for k in terms)]) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -128,6 +179,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=R.PRESETS[PRESET].seed, help="seed of the untrained networks")
     parser.add_argument("--threads", type=int, default=0, help="envpool threads (0: one per core)")
     parser.add_argument("--checkpoint", type=Path, help="evaluate this run checkpoint's live and EMA actors (one task)")
+    parser.add_argument("--terms", action="store_true", help="also each reward term's share of the return")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
     if opts.checkpoint is not None:
@@ -135,15 +187,15 @@ def main() -> None:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
         if not opts.checkpoint.is_file():
             parser.error(f"--checkpoint {opts.checkpoint}: no such file")
-        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, opts.threads)
+        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, opts.threads, opts.terms)
     else:
-        rows = [r for task in opts.tasks for r in baselines(task, opts.episodes, opts.seed, opts.threads)]
+        rows = [r for t in opts.tasks for r in baselines(t, opts.episodes, opts.seed, opts.threads, opts.terms)]
     table = markdown(rows)
     print(table)
     if opts.out:
         preset = R.PRESETS[PRESET]
         protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
-        protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None)
+        protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None, terms=opts.terms)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 

@@ -283,3 +283,29 @@ def test_checkpoint_rows_evaluate_the_live_actor_and_its_ema_copy(tmp_path):
     assert rows["live, update 7", "random"]["eval_return"] != base["untrained", "random"]["eval_return"]
     with pytest.raises(SystemExit, match="does not fit G1JoystickFlatTerrain-v1"):
         LB.checkpoint_rows("G1JoystickFlatTerrain-v1", path, episodes=1, seed=3, threads=1)
+
+
+# ---------------------------------------------------------------------------- where a return comes from
+def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
+    """legged_baselines.py --terms: each reward term summed over the first episodes (times the 0.02 s control step)
+    adds up to the evaluation's return. A G1 at its home pose falls in every episode, so its termination term is
+    exactly Playground's -100 x 0.02 per episode, and the same evaluation without terms gives the same numbers."""
+    pytest.importorskip("envpool")
+    g1 = "G1JoystickFlatTerrain-v1"
+    needs_task(g1)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    rows = LB.baselines(g1, episodes=3, seed=1, threads=1, terms=True)
+    plain = LB.baselines(g1, episodes=3, seed=1, threads=1)
+    for row, before in zip(rows, plain):
+        terms = {k: v for k, v in row.items() if k.startswith("term_")}
+        assert {"term_tracking_lin_vel", "term_feet_phase", "term_termination"} <= set(terms)
+        assert sum(terms.values()) == pytest.approx(row["eval_return"], abs=1e-6)
+        assert [row[k] for k in ("eval_return", *legged.TRACK_KEYS)] == [
+            before[k] for k in ("eval_return", *legged.TRACK_KEYS)
+        ]
+    standing = rows[0]
+    assert standing["policy"] == "standing" and standing["eval_track_len"] < 1000
+    assert standing["term_termination"] == pytest.approx(-2.0, abs=1e-9)
+    assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
