@@ -25,6 +25,11 @@ copy that the trainer evaluates, each from x0 = 0 and from random x0 (float32 on
 With ``--terms``, each row also holds where its return came from: ``term_<name>``, each reward term of the task
 summed over a first episode (envpool's ``info["reward_<name>"]``, scaled by the task's weight) times the control
 step (0.02 s), the mean over the episodes. The terms add up to ``eval_return``; the script checks that they do.
+
+With ``--response``, each row also holds how the measured velocity follows the command (``command_response``):
+per axis (``vx``, ``vy``, ``yaw``), over the first episodes' stretches of at least 1 s with one command, the slope
+and correlation of the stretch's mean velocity on its command (1 and 1: it follows; 0: it ignores the command),
+the error of that mean (``err``) beside the error of not moving (``still``), and the step-to-step swing about it.
 """
 
 from __future__ import annotations
@@ -98,18 +103,92 @@ class TermSums:
         return {f"term_{k.removeprefix('reward_')}": float(v.mean()) for k, v in self.sums.items()}
 
 
-def evaluate_policies(task: str, args: R.Args, state: R.State, policies, terms: bool = False) -> list[dict]:
+AXES = ("vx", "vy", "yaw")
+STRETCH = 50  # steps (1 s) a command must hold for its stretch to count in command_response
+
+
+class Responses:
+    """The evaluation environments ``envs``, recording each step's command and measured velocity (v_x, v_y, w_z:
+    ``legged.command_velocity``) and whether the step belongs to its environment's first episode."""
+
+    def __init__(self, envs):
+        self.envs = envs
+        if legged.tracking_columns(envs) is None:
+            raise SystemExit(f"error: --response needs a joystick task's command; {envs.env_id} has none routed")
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, seed: int):
+        self.steps, self.finished = [], None
+        return self.envs.reset(seed)
+
+    def step(self, action):
+        obs, reward, term, trunc, info = self.envs.step(action)
+        cmd, vel = legged.command_velocity(self.envs, info["final_obs"])
+        done = (term | trunc).cpu()
+        alive = torch.ones_like(done) if self.finished is None else ~self.finished
+        self.steps.append((cmd.cpu(), vel.cpu(), alive))
+        self.finished = ~alive | done
+        return obs, reward, term, trunc, info
+
+    def means(self) -> dict:
+        cmd, vel, alive = (torch.stack(x) for x in zip(*self.steps))
+        return command_response(cmd, vel, alive)
+
+
+def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, min_steps: int = STRETCH) -> dict:
+    """How the measured velocity ``vel`` [T, N, 3] follows the command ``cmd`` [T, N, 3] over the steps where
+    ``alive`` [T, N] (each environment's first episode). A stretch is a run of steps with one command; those of at
+    least ``min_steps`` count, each step weighted alike. Per axis ``a`` of :data:`AXES`, with ``mean`` the measured
+    velocity's mean over the step's stretch: ``resp_a_slope`` and ``resp_a_corr``, the least-squares slope and the
+    correlation of ``mean`` on the command; ``resp_a_err``, mean |command - mean|; ``resp_a_still``, mean |command|
+    (the error of not moving); ``resp_a_swing``, the RMS of the velocity about ``mean``. ``resp_steps`` counts the
+    steps used."""
+    cmds, means, vels = [], [], []
+    for e in range(alive.shape[1]):
+        c, v = cmd[alive[:, e], e].double(), vel[alive[:, e], e].double()
+        if len(c) == 0:
+            continue
+        new = torch.ones(len(c), dtype=torch.bool)
+        new[1:] = (c[1:] != c[:-1]).any(1)
+        seg = new.long().cumsum(0) - 1
+        n = torch.bincount(seg).double()
+        mean = torch.zeros(len(n), 3, dtype=torch.float64).index_add_(0, seg, v) / n[:, None]
+        keep = n[seg] >= min_steps
+        cmds.append(c[keep]), means.append(mean[seg][keep]), vels.append(v[keep])
+    c, m, v = (torch.cat(x) if x else torch.zeros(0, 3, dtype=torch.float64) for x in (cmds, means, vels))
+    out = {"resp_steps": len(c)}
+    for i, axis in enumerate(AXES):
+        ci, mi = c[:, i] - c[:, i].mean(), m[:, i] - m[:, i].mean()
+        var, cov = float(ci @ ci), float(ci @ mi)
+        spread = var * float(mi @ mi)
+        out[f"resp_{axis}_slope"] = cov / var if var > 0 else float("nan")
+        out[f"resp_{axis}_corr"] = cov / spread**0.5 if spread > 0 else float("nan")
+        out[f"resp_{axis}_err"] = float((c[:, i] - m[:, i]).abs().mean()) if len(c) else float("nan")
+        out[f"resp_{axis}_still"] = float(c[:, i].abs().mean()) if len(c) else float("nan")
+        out[f"resp_{axis}_swing"] = float((v[:, i] - m[:, i]).pow(2).mean().sqrt()) if len(c) else float("nan")
+    return out
+
+
+def evaluate_policies(
+    task: str, args: R.Args, state: R.State, policies, terms: bool = False, response: bool = False
+) -> list[dict]:
     """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments;
-    with ``terms``, also each reward term's share of the return (``TermSums``)."""
+    with ``terms``, also each reward term's share of the return (``TermSums``); with ``response``, how the
+    velocity follows the command (``Responses``)."""
     envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
-    envs = TermSums(envs) if terms else envs
+    sums = envs = TermSums(envs) if terms else envs
+    responses = envs = Responses(envs) if response else envs
     rows = []
     for policy, init, sample in policies:
         t0 = time.perf_counter()
         result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=sample)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
+        if response:
+            row.update(responses.means())
         if terms:
-            row.update(envs.means())
+            row.update(sums.means())
             total = sum(v for k, v in row.items() if k.startswith("term_"))
             if abs(total - row["eval_return"]) > 1e-3 * max(1.0, abs(row["eval_return"])):
                 raise SystemExit(f"error: the reward terms add up to {total:.6f}, the return is {row['eval_return']}")
@@ -127,10 +206,12 @@ def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args
     return args, state
 
 
-def baselines(task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False) -> list[dict]:
+def baselines(
+    task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False
+) -> list[dict]:
     """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
     args, state = new_state(task, episodes, seed, threads)
-    return evaluate_policies(task, args, state, POLICIES, terms)
+    return evaluate_policies(task, args, state, POLICIES, terms, response)
 
 
 def load_networks(state: R.State, path: Path, task: str) -> int:
@@ -148,14 +229,14 @@ def load_networks(state: R.State, path: Path, task: str) -> int:
 
 
 def checkpoint_rows(
-    task: str, path: Path, episodes: int, seed: int, threads: int = 0, terms: bool = False
+    task: str, path: Path, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False
 ) -> list[dict]:
     """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
     args, state = new_state(task, episodes, seed, threads)
     update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
-    return evaluate_policies(task, args, state, policies, terms)
+    return evaluate_policies(task, args, state, policies, terms, response)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -169,6 +250,13 @@ def markdown(rows: list[dict]) -> str:
         lines += ["", "| policy | x0 | " + " | ".join(k.removeprefix("term_") for k in terms) + " |"]
         lines.append("|" + "---|" * (2 + len(terms)))
         lines += ["| " + " | ".join([r["policy"], r["init"], *(f"{r[k]:.3f}" for k in terms)]) + " |" for r in rows]
+    if any("resp_steps" in r for r in rows):  # per axis: slope, correlation, error, error standing, swing
+        stats = ("slope", "corr", "err", "still", "swing")
+        head = [f"{a} {s}" for a in AXES for s in stats]
+        lines += ["", "| policy | x0 | steps | " + " | ".join(head) + " |", "|" + "---|" * (3 + len(head))]
+        for r in rows:
+            values = [f"{r[f'resp_{a}_{s}']:.3f}" for a in AXES for s in stats]
+            lines.append("| " + " | ".join([r["policy"], r["init"], str(r["resp_steps"]), *values]) + " |")
     return "\n".join(lines)
 
 
@@ -180,22 +268,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="envpool threads (0: one per core)")
     parser.add_argument("--checkpoint", type=Path, help="evaluate this run checkpoint's live and EMA actors (one task)")
     parser.add_argument("--terms", action="store_true", help="also each reward term's share of the return")
+    parser.add_argument("--response", action="store_true", help="also how the velocity follows the command")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
+    extra = (opts.threads, opts.terms, opts.response)
     if opts.checkpoint is not None:
         if len(opts.tasks) != 1:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
         if not opts.checkpoint.is_file():
             parser.error(f"--checkpoint {opts.checkpoint}: no such file")
-        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, opts.threads, opts.terms)
+        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, *extra)
     else:
-        rows = [r for t in opts.tasks for r in baselines(t, opts.episodes, opts.seed, opts.threads, opts.terms)]
+        rows = [r for t in opts.tasks for r in baselines(t, opts.episodes, opts.seed, *extra)]
     table = markdown(rows)
     print(table)
     if opts.out:
         preset = R.PRESETS[PRESET]
         protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
         protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None, terms=opts.terms)
+        protocol.update(response=opts.response, stretch_steps=STRETCH if opts.response else None)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 

@@ -309,3 +309,55 @@ def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     assert standing["policy"] == "standing" and standing["eval_track_len"] < 1000
     assert standing["term_termination"] == pytest.approx(-2.0, abs=1e-9)
     assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
+
+
+# ---------------------------------------------------------------------------- how the velocity follows the command
+def test_command_response_fits_stretch_means_and_skips_dead_and_short_stretches():
+    """legged_baselines.command_response: a velocity of half the command plus a yaw swing of whole periods gives
+    slope 0.5 and correlation 1 on every axis, the swing's RMS (1/sqrt 2), and none of the steps after an episode's
+    end or of a stretch shorter than 1 s (both hold values that would spoil every number)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    T, N = 300, 3
+    cmd, alive = torch.zeros(T, N, 3, dtype=torch.float64), torch.zeros(T, N, dtype=torch.bool)
+    cmd[:160, 0], cmd[160:, 0] = torch.tensor([0.4, -0.2, 0.8]), torch.tensor([0.1, 0.3, -0.6])  # stretches 160, 140
+    cmd[:, 1] = torch.tensor([-0.5, 0.2, 0.3])
+    cmd[:, 2] = torch.tensor([9.0, 9.0, 9.0])
+    alive[:, 0], alive[:120, 1], alive[:30, 2] = True, True, True  # env 2: one stretch of 30 steps, too short
+    vel = 0.5 * cmd
+    swing = torch.sin(2 * torch.pi * torch.arange(T, dtype=torch.float64) / 20)  # whole periods in every stretch
+    vel[..., 2] += swing[:, None]
+    vel[120:, 1] = 100.0  # after env 1's first episode
+    out = LB.command_response(cmd, vel, alive)
+    assert out["resp_steps"] == 300 + 120
+    for axis in LB.AXES:
+        assert out[f"resp_{axis}_slope"] == pytest.approx(0.5, abs=1e-9)
+        assert out[f"resp_{axis}_corr"] == pytest.approx(1.0, abs=1e-9)
+    c = torch.cat([cmd[:, 0], cmd[:120, 1]])
+    assert out["resp_yaw_still"] == pytest.approx(float(c[:, 2].abs().mean()), abs=1e-9)
+    assert out["resp_yaw_err"] == pytest.approx(0.5 * out["resp_yaw_still"], abs=1e-9)
+    assert out["resp_yaw_swing"] == pytest.approx(2**-0.5, abs=1e-9)
+    assert out["resp_vx_swing"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_response_rows_leave_the_evaluation_unchanged_and_see_a_standing_spot_ignore_its_command():
+    """legged_baselines.py --response: the evaluation's numbers are those without it, and Spot at its home pose
+    (it stays up, it does not move) follows no command: slope near 0, error near not moving's."""
+    pytest.importorskip("envpool")
+    needs_task(SPOT)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    rows = LB.baselines(SPOT, episodes=2, seed=1, threads=1, response=True)
+    plain = LB.baselines(SPOT, episodes=2, seed=1, threads=1)
+    keys = ("eval_return", *legged.TRACK_KEYS)
+    for row, before in zip(rows, plain):
+        assert [row[k] for k in keys] == [before[k] for k in keys]
+        assert 0 < row["resp_steps"] <= 2 * row["eval_track_len"]
+    standing = rows[0]
+    assert standing["policy"] == "standing" and standing["resp_steps"] > 1000
+    for axis in ("vx", "yaw"):
+        assert abs(standing[f"resp_{axis}_slope"]) < 0.1
+        assert standing[f"resp_{axis}_err"] == pytest.approx(standing[f"resp_{axis}_still"], abs=0.05)
+    assert "| vx slope |" in LB.markdown(rows)
