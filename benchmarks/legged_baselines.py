@@ -156,7 +156,9 @@ def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, 
         n = torch.bincount(seg).double()
         mean = torch.zeros(len(n), 3, dtype=torch.float64).index_add_(0, seg, v) / n[:, None]
         keep = n[seg] >= min_steps
-        cmds.append(c[keep]), means.append(mean[seg][keep]), vels.append(v[keep])
+        cmds.append(c[keep])
+        means.append(mean[seg][keep])
+        vels.append(v[keep])
     c, m, v = (torch.cat(x) if x else torch.zeros(0, 3, dtype=torch.float64) for x in (cmds, means, vels))
     out = {"resp_steps": len(c)}
     for i, axis in enumerate(AXES):
@@ -165,9 +167,9 @@ def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, 
         spread = var * float(mi @ mi)
         out[f"resp_{axis}_slope"] = cov / var if var > 0 else float("nan")
         out[f"resp_{axis}_corr"] = cov / spread**0.5 if spread > 0 else float("nan")
-        out[f"resp_{axis}_err"] = float((c[:, i] - m[:, i]).abs().mean()) if len(c) else float("nan")
-        out[f"resp_{axis}_still"] = float(c[:, i].abs().mean()) if len(c) else float("nan")
-        out[f"resp_{axis}_swing"] = float((v[:, i] - m[:, i]).pow(2).mean().sqrt()) if len(c) else float("nan")
+        out[f"resp_{axis}_err"] = float((c[:, i] - m[:, i]).abs().mean())
+        out[f"resp_{axis}_still"] = float(c[:, i].abs().mean())
+        out[f"resp_{axis}_swing"] = float((v[:, i] - m[:, i]).pow(2).mean().sqrt())
     return out
 
 
