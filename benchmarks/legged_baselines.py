@@ -73,29 +73,50 @@ def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
     return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
 
 
-class TermSums:
-    """The envpool evaluation environments ``envs``, recording each reward term (the pool's
-    ``info["reward_<name>"]``) summed over every environment's first episode, as ``R.evaluate`` counts its return."""
+class FirstEpisodes:
+    """The evaluation environments ``envs``, passed through, that tell which steps belong to each environment's
+    first episode: the steps ``R.evaluate`` counts in its return."""
 
-    def __init__(self, envs, dt: float = CONTROL_DT):
-        self.envs, self.dt = envs, dt
+    def __init__(self, envs):
+        self.envs, self.finished = envs, None
 
     def __getattr__(self, name):
         return getattr(self.envs, name)
 
     def reset(self, seed: int):
-        obs = self.envs.reset(seed)  # (re)makes the pool: wrap the one that steps now
-        self.sums, self.finished, pool = {}, None, self.envs._pool
+        self.finished = None
+        return self.envs.reset(seed)
+
+    def first(self, done):
+        """Per environment, whether this step is in its first episode; ``done`` (a bool array or tensor) marks the
+        steps that end an episode."""
+        if self.finished is None:
+            self.finished = done & False  # all False, of done's type and shape
+        alive = ~self.finished
+        self.finished = self.finished | done
+        return alive
+
+
+class TermSums(FirstEpisodes):
+    """The envpool evaluation environments ``envs``, recording each reward term (the pool's
+    ``info["reward_<name>"]``) summed over every environment's first episode."""
+
+    def __init__(self, envs, dt: float = CONTROL_DT):
+        super().__init__(envs)
+        self.dt, self.sums = dt, {}
+
+    def reset(self, seed: int):
+        obs = super().reset(seed)  # (re)makes the pool: wrap the one that steps now
+        self.sums, pool = {}, self.envs._pool
         self.envs._pool = SimpleNamespace(
             step=lambda a: self._record(*pool.step(a)), reset=pool.reset, close=pool.close
         )
         return obs
 
     def _record(self, obs, reward, term, trunc, info):
-        alive = np.ones(len(reward), bool) if self.finished is None else ~self.finished
+        alive = self.first(np.asarray(term) | np.asarray(trunc))
         for key in (k for k in info if k.startswith("reward_")):
             self.sums[key] = self.sums.get(key, 0.0) + np.where(alive, np.asarray(info[key], np.float64) * self.dt, 0)
-        self.finished = ~alive | term | trunc
         return obs, reward, term, trunc, info
 
     def means(self) -> dict:
@@ -107,30 +128,25 @@ AXES = ("vx", "vy", "yaw")
 STRETCH = 50  # steps (1 s) a command must hold for its stretch to count in command_response
 
 
-class Responses:
+class Responses(FirstEpisodes):
     """The evaluation environments ``envs``, recording each step's command and measured velocity (v_x, v_y, w_z:
     the columns of ``legged.tracking_columns``, looked up once) and whether the step belongs to its environment's
     first episode."""
 
     def __init__(self, envs):
-        self.envs, self.cols = envs, legged.tracking_columns(envs)  # command x, y, yaw, then v_x, v_y, w_z
+        super().__init__(envs)
+        self.cols, self.steps = legged.tracking_columns(envs), []  # command x, y, yaw, then v_x, v_y, w_z
         if self.cols is None:
             raise SystemExit(f"error: --response needs a joystick task's command; {envs.env_id} has none routed")
 
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
-
     def reset(self, seed: int):
-        self.steps, self.finished = [], None
-        return self.envs.reset(seed)
+        self.steps = []
+        return super().reset(seed)
 
     def step(self, action):
         obs, reward, term, trunc, info = self.envs.step(action)
         sel = info["final_obs"][:, self.cols].cpu()
-        done = (term | trunc).cpu()
-        alive = torch.ones_like(done) if self.finished is None else ~self.finished
-        self.steps.append((sel[:, :3], sel[:, 3:], alive))
-        self.finished = ~alive | done
+        self.steps.append((sel[:, :3], sel[:, 3:], self.first((term | trunc).cpu())))
         return obs, reward, term, trunc, info
 
     def means(self) -> dict:
@@ -181,8 +197,10 @@ def evaluate_policies(
     with ``terms``, also each reward term's share of the return (``TermSums``); with ``response``, how the
     velocity follows the command (``Responses``)."""
     envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
-    sums = envs = TermSums(envs) if terms else envs
-    responses = envs = Responses(envs) if response else envs
+    if terms:
+        envs = sums = TermSums(envs)
+    if response:
+        envs = responses = Responses(envs)
     rows = []
     for policy, init, sample in policies:
         t0 = time.perf_counter()

@@ -13,6 +13,8 @@ Writes to --out:
   ended in an update's rollout, running mean over 10 updates), envpool_ENV.png (envpool FPO runs, x = block);
 - fpopp_ENV_track.png and a table in study.md (legged runs): the evaluation's command-tracking errors, the
   table at every --table-every updates and the last evaluation;
+- a training-rollouts table in study.md (FPO++ runs that log their ended episodes): the episodes ended per
+  update, their mean length and return, means over the 10 updates ending at every --table-every updates;
 - study.json, study.md: per (task, objective, backend) the runs (updates done / asked, status,
   peak (eq:peak) and its block, final evaluation, divergence events), per alpha the mean +- std of
   the peaks (numpy's std, ddof 0) over seeds, and the official runs (peak, median s per block).
@@ -49,6 +51,7 @@ TRACK_COLUMNS = (
     ("velocity error, random x0", "eval_track_lin_random", ".3f"),
     ("training episode length", "episodic_length", ".0f"),  # that update's finished training episodes
 )
+ROLLOUT_KEYS = ("episodes", "episodic_length", "episodic_return")  # per update: ended, their mean length and return
 SEED_LS = ("-", "--", ":", "-.")  # line styles of the seeds within one alpha, in the order the runs sort
 NOTES: list[str] = []
 
@@ -144,6 +147,11 @@ def load_run(folder: Path) -> dict | None:
             events.append(f"nonfinite at block {fnum(summary.get('global_step', 0) / bs)} (summary)")
     peak = max(evals, key=lambda e: e[2]) if evals else None
     train = [(r["update"], float(r["episodic_return"])) for r in rows if is_finite(r.get("episodic_return"))]
+    rollouts = [  # the training rollouts' ended episodes: count, mean length and return (None: none ended)
+        {"update": r["update"], **{k: float(r[k]) if is_finite(r.get(k)) else None for k in ROLLOUT_KEYS}}
+        for r in rows
+        if is_finite(r.get("episodes"))
+    ]
     track = [  # legged tasks: evaluations with command-tracking errors (fpo_utils/legged.py); None: not logged
         {k: r[k] if is_finite(r.get(k)) else None for _, k, _ in TRACK_COLUMNS} | {"update": r["update"]}
         for r in rows
@@ -168,6 +176,7 @@ def load_run(folder: Path) -> dict | None:
         "events": events,
         "track": track,  # one dict a tracked evaluation: "update" and TRACK_COLUMNS' keys
         "train": train,  # (update, mean return of the episodes that ended in that update's rollout)
+        "rollouts": rollouts,  # one dict an update that logged its episodes: "update" and ROLLOUT_KEYS
     }
 
 
@@ -316,6 +325,24 @@ def track_table(runs: list[dict], every: int) -> list[str]:
     return md + [""]
 
 
+def rollout_table(runs: list[dict], every: int, width: int = 10) -> list[str]:
+    """study.md lines: each run's training rollouts at updates divisible by `every`, and its last: the episodes
+    ended per update, their mean length and their mean return, each averaged over the `width` updates ending there
+    (length and return over those updates in which an episode ended)."""
+    md = [f"Training rollouts, means over the {width} updates ending at the row's update:", ""]
+    md += ["| run | update | episodes ended per update | episode length | training return |", "|---|---|---|---|---|"]
+    for r in (r for r in runs if r["rollouts"]):
+        last = r["rollouts"][-1]["update"]
+        for u in (t["update"] for t in r["rollouts"] if t["update"] % every == 0 or t["update"] == last):
+            window = [t for t in r["rollouts"] if u - width < t["update"] <= u]
+            cells = []
+            for key, f in zip(ROLLOUT_KEYS, (",.0f", ".1f", ".3f")):
+                vals = [t[key] for t in window if t[key] is not None]
+                cells.append(format(np.mean(vals), f) if vals else "-")
+            md.append(f"| {r['run']} | {u} | " + " | ".join(cells) + " |")
+    return md + [""]
+
+
 def xy(run: dict, key: str) -> tuple[list, list]:
     return [e[key] for e in run["evals"]], [e["return"] for e in run["evals"]]
 
@@ -357,7 +384,7 @@ def main() -> None:
             "objective": obj,
             "backend": backend,
             "block_budget": budget,
-            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track")} for r in rs],
+            "runs": [{k: v for k, v in r.items() if k not in ("evals", "train", "track", "rollouts")} for r in rs],
             "by_alpha": [{k: v for k, v in s.items() if k != "runs"} for s in alphas],
             "official": [{k: v for k, v in o.items() if k != "points"} for o in offs],
         }
@@ -430,6 +457,8 @@ def main() -> None:
             if tracked:
                 plot_track(a.out / f"fpopp_{task}_track.png", f"{task}, FPO++ ({backend})", tracked)
                 md += track_table([r for _, r in tracked], a.table_every)
+            if any(r["rollouts"] for r in rs):
+                md += rollout_table(rs, a.table_every)
         elif backend != "playground":
             lines = [
                 (

@@ -311,6 +311,23 @@ def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
 
 
+def test_first_episodes_count_each_environment_up_to_its_first_end_in_numpy_and_torch():
+    """legged_baselines.FirstEpisodes, the mask behind --terms and --response: a step counts while its environment's
+    first episode lasts, the ending step included; a reset starts the count again."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    done = [[0, 0, 1], [1, 0, 0], [0, 0, 1], [1, 1, 0]]  # env 0 ends at steps 1 and 3, env 1 at 3, env 2 at 0
+    want = [[1, 1, 1], [1, 1, 0], [0, 1, 0], [0, 1, 0]]
+    first = LB.FirstEpisodes(SimpleNamespace(reset=lambda seed: seed, num_envs=3))
+    assert first.num_envs == 3  # everything else passes through
+    for kind in (np.array, torch.tensor):
+        for _ in range(2):
+            assert first.reset(7) == 7
+            got = [first.first(kind(np.array(d, dtype=bool))) for d in done]
+            assert [list(np.asarray(g, dtype=int)) for g in got] == want
+
+
 # ---------------------------------------------------------------------------- how the velocity follows the command
 def test_command_response_fits_stretch_means_and_skips_dead_and_short_stretches():
     """legged_baselines.command_response: a velocity of half the command plus a yaw swing of whole periods gives

@@ -344,6 +344,11 @@ def test_legged_runs_get_their_tracking_errors_plotted_and_tabled(tmp_path):
         for u, (ev, lin, yaw) in track.items()
     ]
     rows[-1] |= {"eval_track_len": 987.6, "eval_return_random": 40.123, "episodic_length": 912.4}
+    rows[-1] |= {"episodes": 50, "episodic_return": 5.0}
+    # training rollouts 41-49: u episodes of 2u steps and return u / 10; none ended in update 45
+    rollouts = [dict(update=u, episodes=u, episodic_length=2 * u, episodic_return=u / 10) for u in range(41, 50)]
+    rollouts[4] = {"update": 45, "episodes": 0}
+    rows[-1:-1] = rollouts
     write_run(d / "runs", "spot_a1_s3", args, rows, None)
     write_run(d / "runs", "cartpole", {**args, "env_id": "CartpoleSwingup-v1"}, evals({0: 1.0, 7: 2.0}), None)
     out, kw = tmp_path / "out", {"capture_output": True, "text": True, "timeout": 120}
@@ -354,6 +359,8 @@ def test_legged_runs_get_their_tracking_errors_plotted_and_tabled(tmp_path):
     assert "| spot_a1_s3 | 0 | 35.00 | 0.640 | 0.430 | - | - | - | - |" in md
     assert "| spot_a1_s3 | 50 | 46.50 | 0.150 | 0.110 | 988 | 40.12 | - | 912 |" in md
     assert "| spot_a1_s3 | 25 |" not in md
+    # the last update's training rollouts, means over updates 41-50 (length and return where episodes ended)
+    assert "| spot_a1_s3 | 50 | 41 | 181.4 | 4.556 |" in md
     assert (out / "fpopp_SpotFlatTerrainJoystick_track.png").exists()
     assert md.startswith(f"# Robot study: {d}\n")
     r = subprocess.run(
