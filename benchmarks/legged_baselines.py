@@ -24,12 +24,18 @@ copy that the trainer evaluates, each from x0 = 0 and from random x0 (float32 on
 
 With ``--terms``, each row also holds where its return came from: ``term_<name>``, each reward term of the task
 summed over a first episode (envpool's ``info["reward_<name>"]``, scaled by the task's weight) times the control
-step (0.02 s), the mean over the episodes. The terms add up to ``eval_return``; the script checks that they do.
+step (0.02 s), the mean over the episodes, and ``term_clip``, what the task's clip of a step's reward at 0 added
+(Go1 and Spot clip; G1 does not). The terms add up to ``eval_return``; the script checks that they do.
 
 With ``--response``, each row also holds how the measured velocity follows the command (``command_response``):
 per axis (``vx``, ``vy``, ``yaw``), over the first episodes' stretches of at least 1 s with one command, the slope
 and correlation of the stretch's mean velocity on its command (1 and 1: it follows; 0: it ignores the command),
-the error of that mean (``err``) beside the error of not moving (``still``), and the step-to-step swing about it.
+the error of that mean (``err``) beside the error of not moving (``still``), the swing about it (RMS) and the
+RMS change from one step to the next (``step``); and how the actions move: mean |a| and their RMS change a step.
+
+With ``--spread``, each row also holds how wide the policy's actions are (``action_spread``): at states that the
+evaluation visited, the std of the action over 32 initial noises x0 (an untrained flow keeps x0's 1; a policy
+that has settled on its action, near 0), and the std over the states of the action from x0 = 0.
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ class FirstEpisodes:
 
 class TermSums(FirstEpisodes):
     """The envpool evaluation environments ``envs``, recording each reward term (the pool's
-    ``info["reward_<name>"]``) summed over every environment's first episode."""
+    ``info["reward_<name>"]``) summed over every environment's first episode, and ``clip``: what the task's clip
+    of a step's reward at 0 added (Go1 and Spot clip, G1 does not)."""
 
     def __init__(self, envs, dt: float = CONTROL_DT):
         super().__init__(envs)
@@ -115,8 +122,12 @@ class TermSums(FirstEpisodes):
 
     def _record(self, obs, reward, term, trunc, info):
         alive = self.first(np.asarray(term) | np.asarray(trunc))
-        for key in (k for k in info if k.startswith("reward_")):
-            self.sums[key] = self.sums.get(key, 0.0) + np.where(alive, np.asarray(info[key], np.float64) * self.dt, 0)
+        parts = {k: np.asarray(info[k], np.float64) * self.dt for k in info if k.startswith("reward_")}
+        step = sum(parts.values())
+        # Go1's and Spot's tasks clip each step's reward at 0: where that made a negative sum 0, it adds -sum
+        parts["reward_clip"] = np.where((np.asarray(reward) == 0) & (step < 0), -step, 0.0)
+        for key, value in parts.items():
+            self.sums[key] = self.sums.get(key, 0.0) + np.where(alive, value, 0.0)
         return obs, reward, term, trunc, info
 
     def means(self) -> dict:
@@ -130,8 +141,8 @@ STRETCH = 50  # steps (1 s) a command must hold for its stretch to count in comm
 
 class Responses(FirstEpisodes):
     """The evaluation environments ``envs``, recording each step's command and measured velocity (v_x, v_y, w_z:
-    the columns of ``legged.tracking_columns``, looked up once) and whether the step belongs to its environment's
-    first episode."""
+    the columns of ``legged.tracking_columns``, looked up once), the action the task received, and whether the
+    step belongs to its environment's first episode."""
 
     def __init__(self, envs):
         super().__init__(envs)
@@ -146,12 +157,12 @@ class Responses(FirstEpisodes):
     def step(self, action):
         obs, reward, term, trunc, info = self.envs.step(action)
         sel = info["final_obs"][:, self.cols].cpu()
-        self.steps.append((sel[:, :3], sel[:, 3:], self.first((term | trunc).cpu())))
+        self.steps.append((sel[:, :3], sel[:, 3:], action.cpu(), self.first((term | trunc).cpu())))
         return obs, reward, term, trunc, info
 
     def means(self) -> dict:
-        cmd, vel, alive = (torch.stack(x) for x in zip(*self.steps))
-        return command_response(cmd, vel, alive)
+        cmd, vel, act, alive = (torch.stack(x) for x in zip(*self.steps))
+        return command_response(cmd, vel, alive) | action_change(act, alive)
 
 
 def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, min_steps: int = STRETCH) -> dict:
@@ -160,9 +171,9 @@ def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, 
     least ``min_steps`` count, each step weighted alike. Per axis ``a`` of :data:`AXES`, with ``mean`` the measured
     velocity's mean over the step's stretch: ``resp_a_slope`` and ``resp_a_corr``, the least-squares slope and the
     correlation of ``mean`` on the command; ``resp_a_err``, mean |command - mean|; ``resp_a_still``, mean |command|
-    (the error of not moving); ``resp_a_swing``, the RMS of the velocity about ``mean``. ``resp_steps`` counts the
-    steps used."""
-    cmds, means, vels = [], [], []
+    (the error of not moving); ``resp_a_swing``, the RMS of the velocity about ``mean``; ``resp_a_step``, the RMS
+    of the velocity's change from one step to the next within a stretch. ``resp_steps`` counts the steps used."""
+    cmds, means, vels, steps = [], [], [], []
     for e in range(alive.shape[1]):
         c, v = cmd[alive[:, e], e].double(), vel[alive[:, e], e].double()
         if len(c) == 0:
@@ -176,7 +187,8 @@ def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, 
         cmds.append(c[keep])
         means.append(mean[seg][keep])
         vels.append(v[keep])
-    c, m, v = (torch.cat(x) if x else torch.zeros(0, 3, dtype=torch.float64) for x in (cmds, means, vels))
+        steps.append((v[1:] - v[:-1])[keep[1:] & (seg[1:] == seg[:-1])])
+    c, m, v, dv = (torch.cat(x) if x else torch.zeros(0, 3, dtype=torch.float64) for x in (cmds, means, vels, steps))
     out = {"resp_steps": len(c)}
     for i, axis in enumerate(AXES):
         ci, mi = c[:, i] - c[:, i].mean(), m[:, i] - m[:, i].mean()
@@ -187,15 +199,45 @@ def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, 
         out[f"resp_{axis}_err"] = float((c[:, i] - m[:, i]).abs().mean())
         out[f"resp_{axis}_still"] = float(c[:, i].abs().mean())
         out[f"resp_{axis}_swing"] = float((v[:, i] - m[:, i]).pow(2).mean().sqrt())
+        out[f"resp_{axis}_step"] = float(dv[:, i].pow(2).mean().sqrt())
     return out
 
 
+def action_change(act: torch.Tensor, alive: torch.Tensor) -> dict:
+    """How the actions ``act`` [T, N, A] that the task received (after the squash, in [-1, 1]) move over the steps
+    where ``alive`` [T, N]: ``act_abs``, their mean |a| (1: every joint at its limit), and ``act_step``, the RMS of
+    their change from one step to the next within an episode, over the joints."""
+    pairs = alive[1:] & alive[:-1]
+    return {
+        "act_abs": float(act[alive].double().abs().mean()),
+        "act_step": float((act[1:] - act[:-1])[pairs].double().pow(2).mean().sqrt()),
+    }
+
+
+SPREAD_STATES, SPREAD_DRAWS = 400, 32  # action_spread: states spread over the evaluation, noises at each
+
+
+@torch.no_grad()
+def action_spread(sample, obs: torch.Tensor, act_dim: int, steps: int, draws: int = SPREAD_DRAWS) -> dict:
+    """How wide the policy's actions are at one state, over the actor observations ``obs`` [S, D]: ``spread_x``,
+    the std of x over ``draws`` initial noises x0 ~ N(0, I) (seeded) at each state, the mean over the states and
+    the action's dimensions (an untrained flow keeps x0's 1); ``spread_a``, the same after the squash (tanh);
+    ``state_x``, the std over the states of x from x0 = 0: how much the action follows the state."""
+    gen = torch.Generator().manual_seed(0)
+    o = obs.repeat_interleave(draws, 0)
+    x = sample(o, torch.randn(len(o), act_dim, generator=gen), steps).view(len(obs), draws, act_dim)
+    x_zero = sample(obs, torch.zeros(len(obs), act_dim), steps)
+    spread = {"spread_x": x.std(1).mean(), "spread_a": torch.tanh(x).std(1).mean(), "state_x": x_zero.std(0).mean()}
+    return {k: float(v) for k, v in spread.items()}
+
+
 def evaluate_policies(
-    task: str, args: R.Args, state: R.State, policies, terms: bool = False, response: bool = False
+    task: str, args: R.Args, state: R.State, policies, terms: bool = False, response: bool = False, spread=False
 ) -> list[dict]:
     """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments;
     with ``terms``, also each reward term's share of the return (``TermSums``); with ``response``, how the
-    velocity follows the command (``Responses``)."""
+    velocity follows the command (``Responses``); with ``spread``, how wide the actions are at the states that the
+    evaluation visited (``action_spread``, at ``SPREAD_STATES`` of them, evenly spaced)."""
     envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
     if terms:
         envs = sums = TermSums(envs)
@@ -203,9 +245,19 @@ def evaluate_policies(
         envs = responses = Responses(envs)
     rows = []
     for policy, init, sample in policies:
-        t0 = time.perf_counter()
-        result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=sample)
+        t0, seen = time.perf_counter(), []
+        sample = sample or (state.ema if state.ema is not None else state.actor).sample  # R.evaluate's default
+
+        def recording(o, x0, steps, sample=sample):  # the sampler, keeping the observations it is given
+            seen.append(o)
+            return sample(o, x0, steps)
+
+        result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=recording)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
+        if spread:
+            obs = torch.cat(seen)
+            pick = torch.linspace(0, len(obs) - 1, min(SPREAD_STATES, len(obs))).long()
+            row.update(action_spread(sample, obs[pick], envs.act_dim, args.flow_steps))
         if response:
             row.update(responses.means())
         if terms:
@@ -228,11 +280,11 @@ def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args
 
 
 def baselines(
-    task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False
+    task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False, spread=False
 ) -> list[dict]:
     """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
     args, state = new_state(task, episodes, seed, threads)
-    return evaluate_policies(task, args, state, POLICIES, terms, response)
+    return evaluate_policies(task, args, state, POLICIES, terms, response, spread)
 
 
 def load_networks(state: R.State, path: Path, task: str) -> int:
@@ -250,14 +302,14 @@ def load_networks(state: R.State, path: Path, task: str) -> int:
 
 
 def checkpoint_rows(
-    task: str, path: Path, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False
+    task: str, path: Path, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False
 ) -> list[dict]:
     """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
     args, state = new_state(task, episodes, seed, threads)
     update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
-    return evaluate_policies(task, args, state, policies, terms, response)
+    return evaluate_policies(task, args, state, policies, terms, response, spread)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -271,13 +323,18 @@ def markdown(rows: list[dict]) -> str:
         lines += ["", "| policy | x0 | " + " | ".join(k.removeprefix("term_") for k in terms) + " |"]
         lines.append("|" + "---|" * (2 + len(terms)))
         lines += ["| " + " | ".join([r["policy"], r["init"], *(f"{r[k]:.3f}" for k in terms)]) + " |" for r in rows]
-    if any("resp_steps" in r for r in rows):  # per axis: slope, correlation, error, error standing, swing
-        stats = ("slope", "corr", "err", "still", "swing")
-        head = [f"{a} {s}" for a in AXES for s in stats]
+    if any("resp_steps" in r for r in rows):  # per axis: slope, correlation, error, error standing, swing, step
+        stats = ("slope", "corr", "err", "still", "swing", "step")
+        keys = [f"resp_{a}_{s}" for a in AXES for s in stats] + ["act_abs", "act_step"]
+        head = [k.removeprefix("resp_").replace("_", " ") for k in keys]
         lines += ["", "| policy | x0 | steps | " + " | ".join(head) + " |", "|" + "---|" * (3 + len(head))]
         for r in rows:
-            values = [f"{r[f'resp_{a}_{s}']:.3f}" for a in AXES for s in stats]
+            values = [f"{r[k]:.3f}" for k in keys]
             lines.append("| " + " | ".join([r["policy"], r["init"], str(r["resp_steps"]), *values]) + " |")
+    if any("spread_x" in r for r in rows):  # how wide the actions are at one state, and across states
+        keys = ("spread_x", "spread_a", "state_x")
+        lines += ["", "| policy | x0 | spread x | spread a | state x |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join([r["policy"], r["init"], *(f"{r[k]:.3f}" for k in keys)]) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -290,9 +347,10 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="evaluate this run checkpoint's live and EMA actors (one task)")
     parser.add_argument("--terms", action="store_true", help="also each reward term's share of the return")
     parser.add_argument("--response", action="store_true", help="also how the velocity follows the command")
+    parser.add_argument("--spread", action="store_true", help="also how wide the actions are at one state")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
-    extra = (opts.threads, opts.terms, opts.response)
+    extra = (opts.threads, opts.terms, opts.response, opts.spread)
     if opts.checkpoint is not None:
         if len(opts.tasks) != 1:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
@@ -308,6 +366,7 @@ def main() -> None:
         protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
         protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None, terms=opts.terms)
         protocol.update(response=opts.response, stretch_steps=STRETCH if opts.response else None)
+        protocol.update(spread=opts.spread, spread_states=SPREAD_STATES, spread_draws=SPREAD_DRAWS)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 

@@ -311,6 +311,25 @@ def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
 
 
+def test_reward_terms_add_up_on_a_task_that_clips_each_steps_reward_at_zero():
+    """legged_baselines.py --terms on Go1, whose task clips each step's reward at 0: the terms and ``term_clip``
+    (what the clip added) add up to the return; the untrained actor from random x0 makes negative steps that the
+    clip lifts, and the standing robot (it stays up) none."""
+    pytest.importorskip("envpool")
+    go1 = "Go1JoystickFlatTerrain-v1"
+    needs_task(go1)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    rows = LB.baselines(go1, episodes=2, seed=1, threads=1, terms=True)
+    for row in rows:
+        terms = {k: v for k, v in row.items() if k.startswith("term_")}
+        assert sum(terms.values()) == pytest.approx(row["eval_return"], abs=1e-6)
+    standing, random = rows[0], rows[2]
+    assert (standing["policy"], random["init"]) == ("standing", "random")
+    assert standing["term_clip"] == 0 and random["term_clip"] > 0.1
+
+
 def test_first_episodes_count_each_environment_up_to_its_first_end_in_numpy_and_torch():
     """legged_baselines.FirstEpisodes, the mask behind --terms and --response: a step counts while its environment's
     first episode lasts, the ending step included; a reset starts the count again."""
@@ -326,6 +345,28 @@ def test_first_episodes_count_each_environment_up_to_its_first_end_in_numpy_and_
             assert first.reset(7) == 7
             got = [first.first(kind(np.array(d, dtype=bool))) for d in done]
             assert [list(np.asarray(g, dtype=int)) for g in got] == want
+
+
+# ---------------------------------------------------------------------------- how wide the actions are
+def test_action_spread_of_a_known_sampler_and_of_an_untrained_flow():
+    """legged_baselines.action_spread: a sampler x = 0.5 x0 + (the state's first columns) has a spread of 0.5 at
+    each state and the states' own std across them; an untrained G1 actor keeps its noise (spread near 1) and
+    hardly follows the state, and the standing policy has neither."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    obs = torch.randn(300, 5, generator=torch.Generator().manual_seed(1))
+    out = LB.action_spread(lambda o, x0, steps: 0.5 * x0 + o[:, :2], obs, act_dim=2, steps=8, draws=64)
+    assert out["spread_x"] == pytest.approx(0.5, abs=0.02)
+    assert out["state_x"] == pytest.approx(float(obs[:, :2].std(0).mean()), abs=1e-6)
+    assert 0.2 < out["spread_a"] < out["spread_x"]  # tanh narrows
+    pytest.importorskip("envpool")
+    g1 = "G1JoystickFlatTerrain-v1"
+    needs_task(g1)
+    standing, untrained, _ = LB.baselines(g1, episodes=2, seed=1, threads=1, spread=True)
+    assert standing["spread_x"] == 0 and standing["state_x"] == 0
+    assert 0.9 < untrained["spread_x"] < 1.1 and untrained["state_x"] < 0.05
+    assert "| spread x | spread a | state x |" in LB.markdown([standing, untrained])
 
 
 # ---------------------------------------------------------------------------- how the velocity follows the command
@@ -356,6 +397,23 @@ def test_command_response_fits_stretch_means_and_skips_dead_and_short_stretches(
     assert out["resp_yaw_err"] == pytest.approx(0.5 * out["resp_yaw_still"], abs=1e-9)
     assert out["resp_yaw_swing"] == pytest.approx(2**-0.5, abs=1e-9)
     assert out["resp_vx_swing"] == pytest.approx(0.0, abs=1e-9)
+    # the step-to-step change: only within a stretch (env 0: 0-159 and 160-299; env 1: 0-119), never across a jump
+    change = torch.cat([swing[1:160] - swing[:159], swing[161:] - swing[160:-1], swing[1:120] - swing[:119]])
+    assert out["resp_yaw_step"] == pytest.approx(float(change.pow(2).mean().sqrt()), abs=1e-12)
+    assert out["resp_vx_step"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_action_change_counts_pairs_of_steps_inside_an_episode_only():
+    """legged_baselines.action_change: mean |a| over the first-episode steps, and the RMS of the change between two
+    steps that both belong to it (a step after the episode's end holds a value that would spoil both)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    act = torch.tensor([[[0.5, -0.5], [1.0, 1.0]], [[0.5, 0.5], [9.0, 9.0]], [[-0.5, 0.5], [9.0, 9.0]]])
+    alive = torch.tensor([[True, True], [True, False], [True, False]])  # env 1: one step
+    out = LB.action_change(act, alive)
+    assert out["act_abs"] == pytest.approx((6 * 0.5 + 2 * 1.0) / 8)
+    assert out["act_step"] == pytest.approx(((1.0 + 1.0) / 4) ** 0.5)  # changes (0, 1) and (-1, 0)
 
 
 def test_response_rows_leave_the_evaluation_unchanged_and_see_a_standing_spot_ignore_its_command():
@@ -374,6 +432,8 @@ def test_response_rows_leave_the_evaluation_unchanged_and_see_a_standing_spot_ig
         assert 0 < row["resp_steps"] <= 2 * row["eval_track_len"]
     standing = rows[0]
     assert standing["policy"] == "standing" and standing["resp_steps"] > 1000
+    assert standing["act_abs"] == 0 and standing["act_step"] == 0  # the action 0 at every step
+    assert standing["resp_yaw_step"] < 0.05  # a robot at rest: its yaw rate barely changes from step to step
     for axis in ("vx", "yaw"):
         assert abs(standing[f"resp_{axis}_slope"]) < 0.1
         assert standing[f"resp_{axis}_err"] == pytest.approx(standing[f"resp_{axis}_still"], abs=0.05)
