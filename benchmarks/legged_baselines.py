@@ -252,7 +252,7 @@ def evaluate_policies(
             seen.append(o)
             return sample(o, x0, steps)
 
-        result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=recording)
+        result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=recording if spread else sample)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
         if spread:
             obs = torch.cat(seen)
