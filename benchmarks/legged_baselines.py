@@ -218,17 +218,17 @@ SPREAD_STATES, SPREAD_DRAWS = 400, 32  # action_spread: states spread over the e
 
 
 @torch.no_grad()
-def action_spread(sample, obs: torch.Tensor, act_dim: int, steps: int, draws: int = SPREAD_DRAWS) -> dict:
+def action_spread(sample, obs: torch.Tensor, act_dim: int, steps: int, draws=SPREAD_DRAWS, squash="tanh") -> dict:
     """How wide the policy's actions are at one state, over the actor observations ``obs`` [S, D]: ``spread_x``,
     the std of x over ``draws`` initial noises x0 ~ N(0, I) (seeded) at each state, the mean over the states and
-    the action's dimensions (an untrained flow keeps x0's 1); ``spread_a``, the same after the squash (tanh);
+    the action's dimensions (an untrained flow keeps x0's 1); ``spread_a``, the same after ``R.squash``;
     ``state_x``, the std over the states of x from x0 = 0: how much the action follows the state."""
     gen = torch.Generator().manual_seed(0)
     o = obs.repeat_interleave(draws, 0)
     x = sample(o, torch.randn(len(o), act_dim, generator=gen), steps).view(len(obs), draws, act_dim)
     x_zero = sample(obs, torch.zeros(len(obs), act_dim), steps)
-    spread = {"spread_x": x.std(1).mean(), "spread_a": torch.tanh(x).std(1).mean(), "state_x": x_zero.std(0).mean()}
-    return {k: float(v) for k, v in spread.items()}
+    spread = {"spread_x": x.std(1), "spread_a": R.squash(x, squash).std(1), "state_x": x_zero.std(0)}
+    return {k: float(v.mean()) for k, v in spread.items()}
 
 
 def evaluate_policies(
@@ -257,7 +257,7 @@ def evaluate_policies(
         if spread:
             obs = torch.cat(seen)
             pick = torch.linspace(0, len(obs) - 1, min(SPREAD_STATES, len(obs))).long()
-            row.update(action_spread(sample, obs[pick], envs.act_dim, args.flow_steps))
+            row.update(action_spread(sample, obs[pick], envs.act_dim, args.flow_steps, squash=args.action_squash))
         if response:
             row.update(responses.means())
         if terms:
