@@ -31,8 +31,7 @@ FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
 
 @dataclass
 class Args:
-    """Flags; ``--preset`` picks a named set of defaults (PRESETS), later flags override. What each preset takes
-    from the official codes, and where it differs: benchmarks/robot_results/README.md."""
+    """Flags; ``--preset`` sets PRESETS' defaults, later flags override (sources: benchmarks/robot_results/README.md)"""
 
     preset: Literal["default", "fpo", "fpopp", "fpopp-locomotion"] = "default"  # named set of defaults (PRESETS)
     runs_dir: str = "runs"  # parent folder of the run folders
@@ -53,6 +52,7 @@ class Args:
     random_start: bool = False  # playground: training episodes start at random points of the limit (official FPO++)
     env_reset: Literal["first", "full"] = "first"  # playground: ended episodes restart from the first state, or reset
     physics: Literal["auto", "jax", "warp"] = "auto"  # playground: MJX (jax) or MuJoCo Warp; auto: per task, measured
+    reward_scales: tuple[str, ...] = ()  # Playground tasks: reward terms' weights, TERM=WEIGHT (e.g. action_rate=-0.01)
     obs_actor: str = ""  # dict observations: the actor's keys, comma-separated ("": the task's, e.g. state)
     obs_critic: str = ""  # dict observations: the critic's keys ("": privileged_state if present, else the actor's)
     norm_obs: bool = True  # running observation normalisation (app:robotics)

@@ -27,6 +27,10 @@ summed over a first episode (envpool's ``info["reward_<name>"]``, scaled by the 
 step (0.02 s), the mean over the episodes, and ``term_clip``, what the task's clip of a step's reward at 0 added
 (Go1 and Spot clip; G1 does not). The terms add up to ``eval_return``; the script checks that they do.
 
+With ``--reward-scales TERM=WEIGHT ...``, the tasks' reward terms are weighted as a run's ``--reward-scales``
+weights them (the returns and terms of a run trained with other weights; the tracking errors do not depend on
+them).
+
 With ``--response``, each row also holds how the measured velocity follows the command (``command_response``):
 per axis (``vx``, ``vy``, ``yaw``), over the first episodes' stretches of at least 1 s with one command, the slope
 and correlation of the stretch's mean velocity on its command (1 and 1: it follows; 0: it ignores the command),
@@ -55,7 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import robot_fpo as R  # noqa: E402
 from fpo_utils import legged  # noqa: E402
 from fpo_utils import robot_bookkeeping as book  # noqa: E402
-from fpo_utils.envs import env_settings  # noqa: E402
+from fpo_utils.envs import env_settings, parse_reward_scales  # noqa: E402
+from fpo_utils.runfolder import RunError  # noqa: E402
 
 TASKS = ("SpotFlatTerrainJoystick-v1", "Go1JoystickFlatTerrain-v1", "G1JoystickFlatTerrain-v1")
 PRESET = "fpopp-locomotion"
@@ -72,10 +77,11 @@ POLICIES = (("standing", "-", standing), ("untrained", "zero", None), ("untraine
 X0 = ("zero", "random")
 
 
-def task_args(task: str, episodes: int, seed: int, threads: int) -> R.Args:
-    """The preset's settings for ``task`` on the CPU, one training environment, ``episodes`` evaluation ones."""
+def task_args(task: str, episodes: int, seed: int, threads: int, scales=()) -> R.Args:
+    """The preset's settings for ``task`` on the CPU, one training environment, ``episodes`` evaluation ones, the
+    reward terms' weights ``scales`` (``--reward-scales``) set."""
     args = replace(R.PRESETS[PRESET], env_id=task, num_envs=1, eval_episodes=episodes, seed=seed, cuda=False)
-    args = replace(args, env_threads=threads, backend="envpool")
+    args = replace(args, env_threads=threads, backend="envpool", reward_scales=tuple(scales))
     return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
 
 
@@ -271,8 +277,8 @@ def evaluate_policies(
     return rows
 
 
-def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args, R.State]:
-    args = task_args(task, episodes, seed, threads)
+def new_state(task: str, episodes: int, seed: int, threads: int, scales=()) -> tuple[R.Args, R.State]:
+    args = task_args(task, episodes, seed, threads, scales)
     device = book.seed_and_device(args)  # seeds torch as the trainer does before it builds the networks
     state = R.build_state(args, device)
     state.envs.close()  # its one training environment; evaluations make their own
@@ -280,10 +286,10 @@ def new_state(task: str, episodes: int, seed: int, threads: int) -> tuple[R.Args
 
 
 def baselines(
-    task: str, episodes: int, seed: int, threads: int = 0, terms: bool = False, response: bool = False, spread=False
+    task: str, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False, scales=()
 ) -> list[dict]:
     """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
-    args, state = new_state(task, episodes, seed, threads)
+    args, state = new_state(task, episodes, seed, threads, scales)
     return evaluate_policies(task, args, state, POLICIES, terms, response, spread)
 
 
@@ -302,10 +308,10 @@ def load_networks(state: R.State, path: Path, task: str) -> int:
 
 
 def checkpoint_rows(
-    task: str, path: Path, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False
+    task: str, path: Path, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False, scales=()
 ) -> list[dict]:
     """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
-    args, state = new_state(task, episodes, seed, threads)
+    args, state = new_state(task, episodes, seed, threads, scales)
     update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
@@ -348,9 +354,15 @@ def main() -> None:
     parser.add_argument("--terms", action="store_true", help="also each reward term's share of the return")
     parser.add_argument("--response", action="store_true", help="also how the velocity follows the command")
     parser.add_argument("--spread", action="store_true", help="also how wide the actions are at one state")
+    parser.add_argument("--reward-scales", nargs="+", default=[], help="reward terms' weights, TERM=WEIGHT")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
-    extra = (opts.threads, opts.terms, opts.response, opts.spread)
+    extra = (opts.threads, opts.terms, opts.response, opts.spread, opts.reward_scales)
+    for task in opts.tasks:
+        try:
+            parse_reward_scales(task, "envpool", opts.reward_scales)
+        except RunError as err:
+            parser.error(str(err))
     if opts.checkpoint is not None:
         if len(opts.tasks) != 1:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
@@ -368,6 +380,7 @@ def main() -> None:
         protocol.update(response=opts.response, stretch_steps=STRETCH if opts.response else None)
         protocol.update(spread=opts.spread, spread_states=SPREAD_STATES, spread_draws=SPREAD_DRAWS)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
+        protocol.update(reward_scales=opts.reward_scales)
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 
 

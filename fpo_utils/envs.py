@@ -43,6 +43,7 @@ from __future__ import annotations
 import difflib
 import gc
 import importlib.util
+import math
 import os
 from typing import Literal
 
@@ -67,8 +68,10 @@ __all__ = [
     "normalize_obs",
     "observation_keys",
     "observation_space",
+    "parse_reward_scales",
     "resolve_backend",
     "resolve_physics",
+    "reward_terms",
     "route_obs",
     "segment_seed",
     "unpack_step",
@@ -191,6 +194,7 @@ def make_envs(
     physics: str = "auto",
     random_start: bool = False,
     env_reset: str = "first",
+    reward_scales: tuple[str, ...] = (),
 ):
     """``num_envs`` environments of ``env_id`` on the chosen backend (see the module docstring).
 
@@ -201,7 +205,8 @@ def make_envs(
     ``random_start`` (playground only): every reset starts each episode at a random step of the time limit, so
     the first episodes end at spread-out times (the official FPO++ runner's ``init_at_random_ep_len``);
     ``env_reset`` (playground): an ended episode restarts from its cached first state with the task's info kept
-    (``first``) or from the task's reset (``full``; ``fpo_utils/playground_env.py``).
+    (``first``) or from the task's reset (``full``; ``fpo_utils/playground_env.py``);
+    ``reward_scales`` (Playground tasks, on envpool or playground): ``TERM=WEIGHT`` items (:func:`parse_reward_scales`).
     """
     if num_envs < 1:
         raise RunError(f"num_envs must be at least 1, got {num_envs}")
@@ -212,12 +217,57 @@ def make_envs(
         raise RunError(f"random_start needs the playground backend ({env_id!r} runs on {kind})")
     if env_reset != "first" and kind != "playground":
         raise RunError(f"env_reset {env_reset!r} needs the playground backend ({env_id!r} runs on {kind})")
+    scales = parse_reward_scales(env_id, kind, reward_scales)
     if kind == "playground":
-        args = (env_id, num_envs, seed, device, episode_length, physics, obs_keys, random_start, env_reset)
+        args = (env_id, num_envs, seed, device, episode_length, physics, obs_keys, random_start, env_reset, scales)
         return _playground().PlaygroundVecEnv(*args)
     if kind == "envpool":
-        return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys)
+        return EnvpoolVecEnv(env_id, num_envs, seed, device, threads, obs_keys, scales)
     return GymnasiumVecEnv(env_id, num_envs, seed, device, obs_keys)
+
+
+def reward_terms(env_id: str, backend: Backend = "auto") -> tuple[str, ...]:
+    """The reward terms whose weights ``--reward-scales`` may set: a MuJoCo Playground task's
+    ``reward_config.scales`` on the playground backend, its envpool port's ``<term>_scale`` settings on envpool;
+    empty for any other task."""
+    kind = resolve_backend(env_id, backend)
+    if kind == "playground":
+        return _playground().reward_terms(env_id)
+    if kind != "envpool":
+        return ()
+    import envpool
+    from envpool.registration import registry
+
+    if registry.specs[env_id][0] != "envpool.mujoco.playground":
+        return ()
+    fields = envpool.make_spec(env_id).config._fields
+    return tuple(f.removesuffix("_scale") for f in fields if f.endswith("_scale") and f != "action_scale")
+
+
+def parse_reward_scales(env_id: str, backend: Backend, items) -> tuple[tuple[str, float], ...]:
+    """``--reward-scales TERM=WEIGHT ...`` as sorted ``(term, weight)`` pairs, each term one of the task's
+    (:func:`reward_terms`); the task's own weight stays for every other term. A bad item is a one-line RunError."""
+    if not items:
+        return ()
+    terms, pairs = reward_terms(env_id, backend), {}
+    if not terms:
+        raise RunError(
+            f"--reward-scales {' '.join(items)}: {env_id} has no reward terms to weigh (a Playground task has)"
+        )
+    for item in items:
+        term, sep, value = item.partition("=")
+        try:
+            weight = float(value) if sep else math.nan
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight):
+            raise RunError(f"--reward-scales {item!r}: write TERM=WEIGHT with a finite number, e.g. action_rate=-0.01")
+        if term not in terms:
+            raise RunError(f"--reward-scales {item!r}: {env_id} has no term {term!r}; its terms: {', '.join(terms)}")
+        if term in pairs:
+            raise RunError(f"--reward-scales {item!r}: {term} is given twice")
+        pairs[term] = weight
+    return tuple(sorted(pairs.items()))
 
 
 class _Base:
@@ -284,11 +334,19 @@ class EnvpoolVecEnv(_Base):
     rebuilds the pool (fast for MuJoCo ids; DM Control ids compile their model per environment)."""
 
     def __init__(
-        self, env_id: str, num_envs: int, seed: int, device: torch.device, threads: int = 0, obs_keys=("", "")
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int,
+        device: torch.device,
+        threads: int = 0,
+        obs_keys=("", ""),
+        scales=(),
     ):
         import envpool
 
         self.env_id, self._envpool = env_id, envpool
+        self._scales = {f"{term}_scale": weight for term, weight in scales}  # parse_reward_scales' pairs
         self._threads = min(num_envs, threads if threads > 0 else len(os.sched_getaffinity(0)))
         self._pool, self._seed, self._fresh = None, None, False
         self.route = route_obs(envpool.make_spec(env_id).observation_space, env_id, *obs_keys)
@@ -301,7 +359,12 @@ class EnvpoolVecEnv(_Base):
             self._pool = None
             gc.collect()
         self._pool = self._envpool.make(
-            self.env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed), num_threads=self._threads
+            self.env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            seed=int(seed),
+            num_threads=self._threads,
+            **self._scales,
         )
         self._seed, self._fresh = int(seed), True
 

@@ -181,10 +181,20 @@ def _offline_menagerie(env_name: str):
         mjx_env.MENAGERIE_PATH, mjx_env._clone_with_progress = saved
 
 
-def load_task(env_name: str, physics: str):
-    """Playground's task ``env_name`` (unbatched) on ``physics`` ("jax": MJX, "warp": MuJoCo Warp), built offline."""
+def reward_terms(env_name: str) -> tuple[str, ...]:
+    """The terms of a locomotion task's reward (its ``reward_config.scales``); empty for a DM Control task."""
+    check_task(env_name)
+    _, registry, _, _ = _import_jax_playground()
+    return tuple(registry.get_default_config(env_name).get("reward_config", {}).get("scales", {}))
+
+
+def load_task(env_name: str, physics: str, scales: tuple = ()):
+    """Playground's task ``env_name`` (unbatched) on ``physics`` ("jax": MJX, "warp": MuJoCo Warp), built offline,
+    with the reward weights ``scales`` ((term, weight) pairs, ``envs.parse_reward_scales``) set in its config."""
     _, registry, _, _ = _import_jax_playground()
     config = registry.get_default_config(env_name)
+    for term, weight in scales:
+        config.reward_config.scales[term] = float(weight)
     if "impl" not in config and physics != "jax":
         raise RunError(f"--physics {physics!r}: this Playground's {env_name} runs on MJX only; use --physics jax")
     if "impl" in config:
@@ -201,11 +211,11 @@ def load_task(env_name: str, physics: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _mjx_task(env_name: str):
-    """The MJX task, built once per process: `observation_space` reads its shapes and the MJX environments step
-    it (a locomotion task takes seconds to build). Warp tasks are built per environment (`_warp_options` sets
-    their model's options for a device)."""
-    return load_task(env_name, "jax")
+def _mjx_task(env_name: str, scales: tuple = ()):
+    """The MJX task, built once per process and reward weights: `observation_space` reads its shapes and the MJX
+    environments step it (a locomotion task takes seconds to build). Warp tasks are built per environment
+    (`_warp_options` sets their model's options for a device)."""
+    return load_task(env_name, "jax", scales)
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,6 +287,7 @@ class PlaygroundVecEnv:
         obs_keys: tuple[str, str] = ("", ""),
         random_start: bool = False,
         env_reset: EnvReset = "first",
+        reward_scales: tuple = (),
     ):
         if num_envs < 1:
             raise RunError(f"num_envs must be at least 1, got {num_envs}")
@@ -295,10 +306,11 @@ class PlaygroundVecEnv:
         self.env_reset = env_reset
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns, env_reset)
+        scales = tuple((str(term), float(weight)) for term, weight in reward_scales)
+        key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns, env_reset, scales)
         self._key = key
-        if key not in _BUILT:  # environments of the same shape, physics, routing and resets share their functions
-            where = (self._jax_device, physics, route.columns, env_reset)
+        if key not in _BUILT:  # environments of the same shape, physics, routing, resets and rewards share functions
+            where = (self._jax_device, physics, route.columns, env_reset, scales)
             _BUILT[key] = _build(jax, jnp, wrapper, brax_training, *key[:3], *where)
         b = _BUILT[key]
         self.obs_dim, self.act_dim = b.obs_dim, b.act_dim
@@ -557,11 +569,23 @@ _BUILT: dict = {}
 
 
 def _build(
-    jax, jnp, wrapper, brax_training, env_name, num_envs, episode_length, jax_device, physics, columns, env_reset
+    jax,
+    jnp,
+    wrapper,
+    brax_training,
+    env_name,
+    num_envs,
+    episode_length,
+    jax_device,
+    physics,
+    columns,
+    env_reset,
+    scales,
 ) -> SimpleNamespace:
     """The wrapped task and its jitted reset and step for one (task, num_envs, episode_length, device, physics,
-    routed keys, auto-reset). A dict observation leaves the step as the ``columns`` keys concatenated, flat."""
-    base = _mjx_task(env_name) if physics == "jax" else load_task(env_name, physics)
+    routed keys, auto-reset, reward weights). A dict observation leaves the step as the ``columns`` keys
+    concatenated, flat."""
+    base = _mjx_task(env_name, scales) if physics == "jax" else load_task(env_name, physics, scales)
     if physics == "warp":
         _warp_options(base, jax_device)
     size = base.observation_size

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from fpo_utils.envs import make_envs, resolve_backend
+from fpo_utils.envs import make_envs, parse_reward_scales, resolve_backend
 from fpo_utils.runfolder import NonFiniteLoss, RunError
 from fpo_utils.settings import check_literals
 
@@ -33,7 +33,8 @@ def task_envs(args, num_envs: int, seed: int, device: torch.device, random_start
     """``num_envs`` environments of the run's task, the actor's and the critic's observation keys routed (the
     training ones with ``--random-start``; evaluation episodes always run from their start to the limit)."""
     where, keys = (args.backend, device, args.env_threads, args.episode_length), (args.obs_actor, args.obs_critic)
-    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics, random_start, args.env_reset)
+    resets = (random_start, args.env_reset)
+    return make_envs(args.env_id, num_envs, seed, *where, keys, args.physics, *resets, args.reward_scales)
 
 
 def resumed_curve(rf, update: int) -> tuple[list, list]:
@@ -121,6 +122,7 @@ def validate_args(args) -> None:
     backend = resolve_backend(args.env_id, args.backend)  # unknown id: one line with close matches, before any folder
     if args.random_start and backend != "playground":
         raise RunError(f"--random-start needs the playground backend ({args.env_id!r} runs on {backend})")
+    parse_reward_scales(args.env_id, backend, args.reward_scales)  # an unknown term: one line, before any folder
 
 
 PARTS = ("actor", "critic", "optimizer", "ema", "obs_rms", "ret_rms")  # what a checkpoint holds, with the counters

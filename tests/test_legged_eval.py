@@ -23,8 +23,8 @@ import robot_fpo as R  # noqa: E402
 from fpo_utils import legged  # noqa: E402
 from fpo_utils import robot_bookkeeping as book  # noqa: E402
 from fpo_utils.env_layout import ObsRoute, route_obs  # noqa: E402
-from fpo_utils.envs import envpool_ids, normalize_obs  # noqa: E402
-from fpo_utils.runfolder import read_jsonl  # noqa: E402
+from fpo_utils.envs import envpool_ids, make_envs, normalize_obs  # noqa: E402
+from fpo_utils.runfolder import RunError, read_jsonl  # noqa: E402
 
 SPOT = "SpotFlatTerrainJoystick-v1"
 # Playground's reward scales of the two tracking terms (info holds scale * exp(-error^2 / sigma)), sigma = 0.25.
@@ -210,6 +210,39 @@ def test_tiny_spot_run_logs_tracking_errors_beside_eval_return(tmp_path):
     assert {"charts/eval_return", "charts/eval_track_lin", "charts/eval_track_yaw"} <= set(acc.Tags()["scalars"])
 
 
+def test_reward_scales_weigh_a_term_on_envpool_and_a_run_keeps_them(tmp_path):
+    """--reward-scales on envpool's G1: action_rate weighted -0.01 (Go1's weight; G1's own is 0) lowers the first
+    step's reward by 0.01 x 0.02 s x sum_j a_j^2 (the last actions start at 0: 29 joints at 0.5, 1.45e-3) and the
+    next steps' by nothing (the same action again). A tiny run records the weights in args.json and resumes with
+    them; a resume with other weights is refused, and a bad item is one line before any run folder exists."""
+    g1 = "G1JoystickFlatTerrain-v1"
+    needs_task(g1)
+    rewards = []
+    for scales in ((), ("action_rate=-0.01",)):
+        envs = make_envs(g1, 2, 3, "envpool", threads=1, reward_scales=scales)
+        envs.reset(3)
+        rewards.append(torch.stack([envs.step(torch.full((2, 29), 0.5))[1] for _ in range(3)]))
+        envs.close()
+    want = torch.tensor([[-0.01 * 0.02 * 29 * 0.25] * 2, [0.0] * 2, [0.0] * 2])
+    torch.testing.assert_close(rewards[1] - rewards[0], want, rtol=0, atol=1e-6)
+    tiny = dict(num_envs=2, num_steps=4, num_minibatches=1, update_epochs=1, num_draws=2, flow_steps=2)
+    nets = dict(actor_hidden=16, critic_hidden=16, critic_layers=1)
+    where = dict(cuda=False, torch_threads=1, env_threads=1, runs_dir=str(tmp_path), run_name="g1")
+    costs = ("action_rate=-0.01", "torques=-0.0002")
+    args = replace(R.PRESETS["fpopp-locomotion"], env_id=g1, **tiny, **nets, **where, num_updates=1, eval_episodes=1)
+    R.main(replace(args, reward_scales=costs))
+    assert json.loads((tmp_path / "g1" / "args.json").read_text())["reward_scales"] == list(costs)
+    with pytest.raises(RunError, match=r"reward_scales: \['action_rate=-0.01', 'torques=-0.0002'\] -> \[\]"):
+        R.main(replace(args, resume=True, num_updates=2))
+    R.main(replace(args, resume=True, num_updates=2, reward_scales=costs))
+    assert [r["update"] for r in read_jsonl(tmp_path / "g1" / "metrics.jsonl")] == [0, 1, 2]
+    with pytest.raises(RunError, match="^--reward-scales 'action_rate': write TERM=WEIGHT"):
+        R.main(replace(args, run_name="bad", reward_scales=("action_rate",)))
+    with pytest.raises(RunError, match="'torques=1': torques is given twice"):
+        R.main(replace(args, run_name="bad", reward_scales=("torques=-1", "torques=1")))
+    assert not (tmp_path / "bad").exists()
+
+
 def test_the_fast_variant_evaluates_the_same_tracking_errors():
     pytest.importorskip("envpool")
     needs_task(SPOT)
@@ -309,6 +342,29 @@ def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     assert standing["policy"] == "standing" and standing["eval_track_len"] < 1000
     assert standing["term_termination"] == pytest.approx(-2.0, abs=1e-9)
     assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
+
+
+def test_reward_terms_under_other_weights_add_the_new_term_and_change_nothing_else(monkeypatch, capsys):
+    """legged_baselines.py --terms --reward-scales action_rate=-0.01 on G1 (whose own weight is 0 and whose steps are
+    not clipped): the same episodes, so each row's return is the plain return plus the new term, which is 0 for the
+    standing robot (its action never changes) and negative for the untrained actor; a bad weight exits in one line."""
+    pytest.importorskip("envpool")
+    g1 = "G1JoystickFlatTerrain-v1"
+    needs_task(g1)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    plain = LB.baselines(g1, episodes=2, seed=1, threads=1, terms=True)
+    weighed = LB.baselines(g1, episodes=2, seed=1, threads=1, terms=True, scales=["action_rate=-0.01"])
+    for row, before in zip(weighed, plain):
+        assert before["term_action_rate"] == 0.0
+        assert row["eval_return"] == pytest.approx(before["eval_return"] + row["term_action_rate"], abs=1e-6)
+        assert [row[k] for k in legged.TRACK_KEYS] == [before[k] for k in legged.TRACK_KEYS]
+    assert weighed[0]["term_action_rate"] == 0.0 and weighed[2]["term_action_rate"] < -0.01
+    monkeypatch.setattr(sys, "argv", ["legged_baselines.py", "--tasks", g1, "--reward-scales", "action_rate=-x"])
+    with pytest.raises(SystemExit):
+        LB.main()
+    assert "error: --reward-scales 'action_rate=-x': write TERM=WEIGHT" in capsys.readouterr().err
 
 
 def test_reward_terms_add_up_on_a_task_that_clips_each_steps_reward_at_zero():

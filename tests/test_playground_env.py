@@ -669,6 +669,30 @@ def test_full_reset_is_refused_off_playground():
         make_envs("InvertedPendulum-v5", 2, 0, "gymnasium", env_reset="full")
 
 
+def test_reward_scales_reach_the_playground_reward_and_leave_the_default_task_as_it_was(go1):
+    """--reward-scales on Go1: every term weighted 0 but action_rate, weighted 1, leaves the reward
+    clip(0.02 s x sum_j (a_j - last a_j)^2, 0, 1e4) (Playground's go1/joystick.py), a closed form of the actions:
+    0.5 on 12 joints from the reset's zeros, then -0.5, then -0.5 again. The default task keeps its own weight."""
+    from fpo_utils import playground_env
+    from fpo_utils.envs import make_envs, reward_terms
+
+    terms = reward_terms(GO1, "playground")
+    assert {"action_rate", "torques", "energy", "tracking_lin_vel"} <= set(terms) and len(terms) == 16
+    only = tuple(f"{t}={1 if t == 'action_rate' else 0}" for t in terms)
+    e = make_envs(GO1, 4, 0, "playground", episode_length=GO1_EPISODE, physics="auto", reward_scales=only)
+    assert e._key != go1._key  # its own compiled step
+    e.reset(3)
+    for a, want in ((0.5, 0.02 * 12 * 0.25), (-0.5, 0.02 * 12 * 1.0), (-0.5, 0.0)):
+        r = e.step(torch.full((4, 12), a))[1]
+        torch.testing.assert_close(r, torch.full((4,), want), rtol=0, atol=1e-6)
+    e.close()
+    assert playground_env._mjx_task(GO1)._config.reward_config.scales.action_rate == -0.01
+    with pytest.raises(RunError, match="no term 'action'; its terms: action_rate, ang_vel_xy, "):
+        make_envs(GO1, 4, 0, "playground", reward_scales=("action=1",))
+    with pytest.raises(RunError, match="CartpoleSwingup has no reward terms"):
+        make_envs("CartpoleSwingup", 4, 0, "playground", reward_scales=("action_rate=1",))
+
+
 def go1_args(tmp_path, presets=None, **kw):
     """The fpopp-locomotion preset (of ``presets``, default robot_fpo's) on 4 Go1 environments, tiny: 8 steps an
     update, small networks."""
