@@ -194,7 +194,7 @@ def load_task(env_name: str, physics: str, scales: tuple = ()):
     _, registry, _, _ = _import_jax_playground()
     config = registry.get_default_config(env_name)
     for term, weight in scales:
-        config.reward_config.scales[term] = float(weight)
+        config.reward_config.scales[term] = weight
     if "impl" not in config and physics != "jax":
         raise RunError(f"--physics {physics!r}: this Playground's {env_name} runs on MJX only; use --physics jax")
     if "impl" in config:
@@ -306,7 +306,7 @@ class PlaygroundVecEnv:
         self.env_reset = env_reset
         self.device = torch.device(device)
         self._jax_device = jax_device_for(jax, self.device)
-        scales = tuple((str(term), float(weight)) for term, weight in reward_scales)
+        scales = tuple(reward_scales)  # envs.parse_reward_scales' sorted (term, weight) pairs: the cache key
         key = (env_name, num_envs, episode_length, str(self._jax_device), physics, route.columns, env_reset, scales)
         self._key = key
         if key not in _BUILT:  # environments of the same shape, physics, routing, resets and rewards share functions
