@@ -115,6 +115,7 @@ class Args:
     eval_episodes: int = 5  # fixed-seed evaluation episodes
     eval_seed: int = 10_000  # seed of the evaluation episodes
     eval_init: Literal["native", "zero", "random"] = "native"  # evaluation's initial noise (native: FPO random)
+    eval_other: bool = True  # FPO++: also evaluate from the other initial noise (eval_return_random, or _zero)
     checkpoint_every: int = 0  # checkpoint every this many updates (0: eval_every)
     restart_every: int = 0  # restart every environment (fresh episodes) every this many updates (0: never)
     keep_checkpoints: bool = False  # also keep every checkpoint as checkpoints/update_NNNNNN.pt
@@ -149,7 +150,7 @@ PRESETS["fpopp-locomotion"] = replace(
 # Settings --resume may change (total_timesteps moves --anneal-lr's horizon; evaluations draw no training randomness).
 MAY_CHANGE = (
     "total_timesteps", "num_updates", "resume", "track", "cuda", "tf32", "torch_threads", "env_threads",
-    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every", "env_reset",
+    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every", "env_reset", "eval_other",
 )
 # fmt: on
 
@@ -349,9 +350,8 @@ def collect_rollout(state: State, args: Args) -> dict:
 
 @torch.no_grad()
 def make_batch(state: State, args: Args, obs_buf, x_buf, final_buf, rew_buf, term_buf, trunc_buf, ep) -> dict:
-    """The rollout's buffers (T, n, ...) -> the batch: (t, eps) draws and their old losses, and GAE (or, with
-    ``--gae-unroll``, the unrolls whose GAE each minibatch computes); a truncated episode bootstraps with
-    ``gamma V(final obs)``."""
+    """The rollout's buffers (T, n, ...) -> the batch: (t, eps) draws, their old losses and GAE (``--gae-unroll``:
+    unrolls, whose GAE each minibatch computes); a truncated episode bootstraps with ``gamma V(final obs)``."""
     actor, critic, rms, dev, (T, n, d) = state.actor, state.critic, state.obs_rms, state.device, x_buf.shape
     flat_obs, flat_x, cols = obs_buf.reshape(T * n, -1), x_buf.reshape(T * n, d), state.obs_actor
     # The old per-draw losses, once for the batch, with the rollout's (unchanged) policy.
@@ -530,7 +530,7 @@ def main(
         def do_eval(row: dict) -> None:  # also eval_s, the evaluation's seconds
             t, inits = time.perf_counter(), book.eval_inits(args)
             row.update(legged.eval_row(evaluator(state, eval_envs, args, inits[0])))  # + eval_track_* if legged
-            for other in inits[1:]:  # FPO++: eval_return_random (or _zero) too
+            for other in inits[1:]:  # FPO++ (unless --no-eval-other): eval_return_random (or _zero) too
                 row.update(legged.eval_row(evaluator(state, eval_envs, args, other), f"_{other}"))
             row["eval_s"] = time.perf_counter() - t
             if row["eval_return"] > state.peak[0]:  # eq:peak: max over this run's evaluations

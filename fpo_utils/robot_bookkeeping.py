@@ -165,9 +165,11 @@ def default_run_name(args) -> str:
 
 def eval_inits(args) -> tuple[str, ...]:
     """The initial noises of one evaluation point. The first gives ``eval_return`` (``--eval-init``; native: random
-    x0 for FPO, x0 = 0 for FPO++); FPO++ also evaluates from the other, logged with its name as a suffix."""
+    x0 for FPO, x0 = 0 for FPO++); FPO++ also evaluates from the other (unless ``--no-eval-other``), logged with its
+    name as a suffix."""
     first = args.eval_init if args.eval_init != "native" else ("random" if args.objective == "fpo" else "zero")
-    return (first, "random" if first == "zero" else "zero") if args.objective == "fpopp" else (first,)
+    both = args.objective == "fpopp" and args.eval_other
+    return (first, "random" if first == "zero" else "zero") if both else (first,)
 
 
 def summary_row(state, args, status: str, reason: str) -> dict:

@@ -164,16 +164,20 @@ def test_a_run_without_a_command_logs_what_it_did_before(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "objective, eval_init, want",
+    "objective, eval_init, other, want",
     [
-        ("fpo", "native", ("random",)),
-        ("fpo", "zero", ("zero",)),
-        ("fpopp", "native", ("zero", "random")),
-        ("fpopp", "random", ("random", "zero")),
+        ("fpo", "native", True, ("random",)),
+        ("fpo", "zero", True, ("zero",)),
+        ("fpopp", "native", True, ("zero", "random")),
+        ("fpopp", "random", True, ("random", "zero")),
+        ("fpopp", "native", False, ("zero",)),
+        ("fpopp", "random", False, ("random",)),
+        ("fpo", "native", False, ("random",)),
     ],
 )
-def test_eval_inits_puts_eval_returns_noise_first(objective, eval_init, want):
-    assert book.eval_inits(SimpleNamespace(objective=objective, eval_init=eval_init)) == want
+def test_eval_inits_puts_eval_returns_noise_first(objective, eval_init, other, want):
+    args = SimpleNamespace(objective=objective, eval_init=eval_init, eval_other=other)
+    assert book.eval_inits(args) == want
 
 
 def test_an_fpopp_run_from_random_noise_logs_the_zero_noise_return_beside_it(tmp_path):

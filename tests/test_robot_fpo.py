@@ -478,6 +478,23 @@ def test_resume_may_change_the_evaluation_cadence_and_training_is_unchanged(tmp_
     assert all(r["eval_s"] > 0 for r in got if "eval_return" in r)
 
 
+def test_resume_may_drop_the_second_evaluation_and_the_rest_is_unchanged(tmp_path):
+    # FPO++ evaluates from x0 = 0 and from random x0; a run continued with --no-eval-other evaluates from x0 = 0
+    # alone, with the same eval_return, and trains exactly as before (evaluations draw no training randomness).
+    full = tiny_args(tmp_path / "a", objective="fpopp", num_updates=4, restart_every=2)
+    R.main(full)
+    part = tiny_args(tmp_path / "b", objective="fpopp", num_updates=2, restart_every=2)
+    R.main(part)
+    R.main(replace(part, num_updates=4, resume=True, eval_other=False))
+    ref, got = (strip_time(read_rows(tmp_path / f / "run" / "metrics.jsonl")) for f in "ab")
+    assert [r["update"] for r in got] == [0, 1, 2, 3, 4]
+    assert [sorted(r) for r in got[:3]] == [sorted(r) for r in ref[:3]] and got[:3] == ref[:3]
+    assert [("eval_return" in r, "eval_return_random" in r) for r in ref[3:]] == [(False, False), (True, True)]
+    assert [("eval_return" in r, "eval_return_random" in r) for r in got[3:]] == [(False, False), (True, False)]
+    assert got[3:] == [{k: v for k, v in r.items() if k != "eval_return_random"} for r in ref[3:]]
+    assert json.loads((tmp_path / "b" / "run" / "args.json").read_text())["eval_other"] is False
+
+
 def test_nonfinite_loss_ends_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = R.fpo_loss
