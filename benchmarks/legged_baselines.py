@@ -40,6 +40,11 @@ RMS change from one step to the next (``step``); and how the actions move: mean 
 With ``--spread``, each row also holds how wide the policy's actions are (``action_spread``): at states that the
 evaluation visited, the std of the action over 32 initial noises x0 (an untrained flow keeps x0's 1; a policy
 that has settled on its action, near 0), and the std over the states of the action from x0 = 0.
+
+With ``--action-filter B`` (0 <= B < 1), the task receives ``B a_prev + (1 - B) a`` for each action ``a`` after the
+squash, where ``a_prev`` is the action it received a step earlier (0 at an episode's first step): the same policy
+with its actions smoothed (``Smoothed``). Not something the trainer does; it shows how the robot moves when the
+policy's step-to-step changes are damped. ``--response`` then records the smoothed actions.
 """
 
 from __future__ import annotations
@@ -171,6 +176,28 @@ class Responses(FirstEpisodes):
         return command_response(cmd, vel, alive) | action_change(act, alive)
 
 
+class Smoothed:
+    """The evaluation environments ``envs``, handed ``b a_prev + (1 - b) a`` for each action ``a``: a first-order
+    low-pass filter of the actions, ``a_prev`` being what they received a step earlier, 0 where an episode starts
+    (the home pose, which the tasks' last action starts at)."""
+
+    def __init__(self, envs, b: float):
+        self.envs, self.b, self.prev = envs, b, None
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, seed: int):
+        self.prev = None
+        return self.envs.reset(seed)
+
+    def step(self, action):
+        a = (1.0 - self.b) * action + (0.0 if self.prev is None else self.b * self.prev)
+        obs, reward, term, trunc, info = self.envs.step(a)
+        self.prev = torch.where(torch.as_tensor(term | trunc, device=a.device)[:, None], 0.0, a)
+        return obs, reward, term, trunc, info
+
+
 def command_response(cmd: torch.Tensor, vel: torch.Tensor, alive: torch.Tensor, min_steps: int = STRETCH) -> dict:
     """How the measured velocity ``vel`` [T, N, 3] follows the command ``cmd`` [T, N, 3] over the steps where
     ``alive`` [T, N] (each environment's first episode). A stretch is a run of steps with one command; those of at
@@ -238,17 +265,20 @@ def action_spread(sample, obs: torch.Tensor, act_dim: int, steps: int, draws=SPR
 
 
 def evaluate_policies(
-    task: str, args: R.Args, state: R.State, policies, terms: bool = False, response: bool = False, spread=False
+    task: str, args: R.Args, state: R.State, policies, terms=False, response=False, spread=False, smooth=0.0
 ) -> list[dict]:
     """One row per (name, x0, sampler) of ``policies``: the trainer's evaluation on fresh evaluation environments;
     with ``terms``, also each reward term's share of the return (``TermSums``); with ``response``, how the
     velocity follows the command (``Responses``); with ``spread``, how wide the actions are at the states that the
-    evaluation visited (``action_spread``, at ``SPREAD_STATES`` of them, evenly spaced)."""
+    evaluation visited (``action_spread``, at ``SPREAD_STATES`` of them, evenly spaced); with ``smooth`` > 0, the
+    actions low-pass filtered (``Smoothed``)."""
     envs = book.task_envs(args, args.eval_episodes, args.eval_seed, state.device)
     if terms:
         envs = sums = TermSums(envs)
     if response:
         envs = responses = Responses(envs)
+    if smooth > 0:  # outermost: Responses records what the task receives
+        envs = Smoothed(envs, smooth)
     rows = []
     for policy, init, sample in policies:
         t0, seen = time.perf_counter(), []
@@ -260,6 +290,8 @@ def evaluate_policies(
 
         result = R.evaluate(state, envs, args, "zero" if init == "-" else init, sample=recording if spread else sample)
         row = dict(task=task, policy=policy, init=init, **legged.eval_row(result))
+        if smooth > 0:
+            row["action_filter"] = smooth
         if spread:
             obs = torch.cat(seen)
             pick = torch.linspace(0, len(obs) - 1, min(SPREAD_STATES, len(obs))).long()
@@ -285,12 +317,11 @@ def new_state(task: str, episodes: int, seed: int, threads: int, scales=()) -> t
     return args, state
 
 
-def baselines(
-    task: str, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False, scales=()
-) -> list[dict]:
-    """The rows of one task: standing, untrained from x0 = 0, untrained from random x0."""
+def baselines(task: str, episodes: int, seed: int, threads=0, scales=(), **measures) -> list[dict]:
+    """The rows of one task: standing, untrained from x0 = 0, untrained from random x0; ``measures``: what
+    ``evaluate_policies`` records beside the return (``terms``, ``response``, ``spread``, ``smooth``)."""
     args, state = new_state(task, episodes, seed, threads, scales)
-    return evaluate_policies(task, args, state, POLICIES, terms, response, spread)
+    return evaluate_policies(task, args, state, POLICIES, **measures)
 
 
 def load_networks(state: R.State, path: Path, task: str) -> int:
@@ -307,15 +338,13 @@ def load_networks(state: R.State, path: Path, task: str) -> int:
     return int(ckpt["update"])
 
 
-def checkpoint_rows(
-    task: str, path: Path, episodes: int, seed: int, threads=0, terms=False, response=False, spread=False, scales=()
-) -> list[dict]:
+def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads=0, scales=(), **measures) -> list[dict]:
     """The rows of a run's checkpoint: its live actor and its EMA copy, each from x0 = 0 and from random x0."""
     args, state = new_state(task, episodes, seed, threads, scales)
     update = load_networks(state, path, task)
     live, ema = f"live, update {update}", f"ema, update {update}"
     policies = [(name, init, net.sample) for name, net in ((live, state.actor), (ema, state.ema)) for init in X0]
-    return evaluate_policies(task, args, state, policies, terms, response, spread)
+    return evaluate_policies(task, args, state, policies, **measures)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -355,9 +384,13 @@ def main() -> None:
     parser.add_argument("--response", action="store_true", help="also how the velocity follows the command")
     parser.add_argument("--spread", action="store_true", help="also how wide the actions are at one state")
     parser.add_argument("--reward-scales", nargs="+", default=[], help="reward terms' weights, TERM=WEIGHT")
+    parser.add_argument("--action-filter", type=float, default=0.0, help="smooth the actions: B a_prev + (1 - B) a")
     parser.add_argument("--out", default="", help="also write the rows and the protocol here as JSON")
     opts = parser.parse_args()
-    extra = (opts.threads, opts.terms, opts.response, opts.spread, opts.reward_scales)
+    if not 0.0 <= opts.action_filter < 1.0:
+        parser.error(f"--action-filter {opts.action_filter}: must be in [0, 1) (0: no filter)")
+    extra = dict(threads=opts.threads, scales=opts.reward_scales, terms=opts.terms, response=opts.response)
+    extra.update(spread=opts.spread, smooth=opts.action_filter)
     for task in opts.tasks:
         try:
             parse_reward_scales(task, "envpool", opts.reward_scales)
@@ -368,9 +401,9 @@ def main() -> None:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
         if not opts.checkpoint.is_file():
             parser.error(f"--checkpoint {opts.checkpoint}: no such file")
-        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, *extra)
+        rows = checkpoint_rows(opts.tasks[0], opts.checkpoint, opts.episodes, opts.seed, **extra)
     else:
-        rows = [r for t in opts.tasks for r in baselines(t, opts.episodes, opts.seed, *extra)]
+        rows = [r for t in opts.tasks for r in baselines(t, opts.episodes, opts.seed, **extra)]
     table = markdown(rows)
     print(table)
     if opts.out:
@@ -380,7 +413,7 @@ def main() -> None:
         protocol.update(response=opts.response, stretch_steps=STRETCH if opts.response else None)
         protocol.update(spread=opts.spread, spread_states=SPREAD_STATES, spread_draws=SPREAD_DRAWS)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")
-        protocol.update(reward_scales=opts.reward_scales)
+        protocol.update(reward_scales=opts.reward_scales, action_filter=opts.action_filter)
         Path(opts.out).write_text(json.dumps({"protocol": protocol, "rows": rows, "markdown": table}, indent=2) + "\n")
 
 

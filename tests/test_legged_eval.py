@@ -498,3 +498,54 @@ def test_response_rows_leave_the_evaluation_unchanged_and_see_a_standing_spot_ig
         assert abs(standing[f"resp_{axis}_slope"]) < 0.1
         assert standing[f"resp_{axis}_err"] == pytest.approx(standing[f"resp_{axis}_still"], abs=0.05)
     assert "| vx slope |" in LB.markdown(rows)
+
+
+# ---------------------------------------------------------------------------- smoothed actions (--action-filter)
+def test_smoothed_actions_follow_the_filter_and_restart_from_zero_where_an_episode_ends():
+    """legged_baselines.Smoothed: the task receives b a_prev + (1 - b) a, a_prev = 0 at the first step, again 0
+    for an environment whose episode ended a step earlier, and again after a reset; b = 0 passes the actions."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    got, ends = [], iter([[False, False], [False, True], [False, False], [False, False]])
+
+    def step(a):
+        got.append(a.clone())
+        done = torch.tensor(next(ends))
+        return None, None, done, torch.zeros(2, dtype=torch.bool), {}
+
+    envs = LB.Smoothed(SimpleNamespace(step=step, reset=lambda seed: seed, num_envs=2), 0.5)
+    assert envs.num_envs == 2 and envs.reset(3) == 3  # everything else passes through
+    ones = torch.ones(2, 1)
+    for _ in range(3):
+        envs.step(ones)
+    assert [g[:, 0].tolist() for g in got] == [[0.5, 0.5], [0.75, 0.75], [0.875, 0.5]]  # env 1 ended at step 2
+    envs.reset(3)
+    envs.step(-ones)
+    assert got[-1][:, 0].tolist() == [-0.5, -0.5]
+    got.clear()
+    ends = iter([[False, False]] * 2)
+    plain = LB.Smoothed(SimpleNamespace(step=step, reset=lambda seed: seed), 0.0)
+    for a in (ones, -2 * ones):
+        plain.step(a)
+    assert [g[:, 0].tolist() for g in got] == [[1.0, 1.0], [-2.0, -2.0]]
+
+
+def test_a_filtered_evaluation_records_the_smoothed_actions_and_a_bad_filter_is_one_line(tmp_path):
+    """--action-filter on envpool's Spot: the untrained actor's actions, smoothed, change less from step to step
+    than without it (its x0 = 0 actions are near constant, so the random-x0 row shows it), the row says the filter,
+    and --action-filter 1 ends in one line that names the value and the range."""
+    import subprocess
+
+    pytest.importorskip("envpool")
+    needs_task(SPOT)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import legged_baselines as LB
+
+    plain = {r["init"]: r for r in LB.baselines(SPOT, episodes=2, seed=1, threads=1, response=True)[1:]}
+    smooth = {r["init"]: r for r in LB.baselines(SPOT, episodes=2, seed=1, threads=1, response=True, smooth=0.8)[1:]}
+    assert smooth["random"]["action_filter"] == 0.8 and "action_filter" not in plain["random"]
+    assert smooth["random"]["act_step"] < 0.5 * plain["random"]["act_step"]
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "legged_baselines.py"), "--action-filter", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "--action-filter 1.0: must be in [0, 1)" in out.stderr.strip().splitlines()[-1]
