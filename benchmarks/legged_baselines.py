@@ -90,15 +90,24 @@ def task_args(task: str, episodes: int, seed: int, threads: int, scales=()) -> R
     return replace(args, **env_settings(args.env_id, args.backend, args.obs_actor, args.obs_critic, args.physics))
 
 
-class FirstEpisodes:
+class PassThrough:
+    """The evaluation environments ``envs``, passed through: the base of the wrappers below, which each change or
+    record one thing."""
+
+    def __init__(self, envs):
+        self.envs = envs
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+
+class FirstEpisodes(PassThrough):
     """The evaluation environments ``envs``, passed through, that tell which steps belong to each environment's
     first episode: the steps ``R.evaluate`` counts in its return."""
 
     def __init__(self, envs):
-        self.envs, self.finished = envs, None
-
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
+        super().__init__(envs)
+        self.finished = None
 
     def reset(self, seed: int):
         self.finished = None
@@ -176,16 +185,14 @@ class Responses(FirstEpisodes):
         return command_response(cmd, vel, alive) | action_change(act, alive)
 
 
-class Smoothed:
+class Smoothed(PassThrough):
     """The evaluation environments ``envs``, handed ``b a_prev + (1 - b) a`` for each action ``a``: a first-order
     low-pass filter of the actions, ``a_prev`` being what they received a step earlier, 0 where an episode starts
     (the home pose, which the tasks' last action starts at)."""
 
     def __init__(self, envs, b: float):
-        self.envs, self.b, self.prev = envs, b, None
-
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
+        super().__init__(envs)
+        self.b, self.prev = b, None
 
     def reset(self, seed: int):
         self.prev = None
