@@ -41,6 +41,10 @@ With ``--spread``, each row also holds how wide the policy's actions are (``acti
 evaluation visited, the std of the action over 32 initial noises x0 (an untrained flow keeps x0's 1; a policy
 that has settled on its action, near 0), and the std over the states of the action from x0 = 0.
 
+With ``--ppo PARAMS.npz`` (a run folder's ``params.npz`` of ``benchmarks/playground_ppo.py``; one task), the same
+evaluation of Playground's own PPO policy: its deterministic action, tanh of the Gaussian's mean, from its own
+observation statistics (one row; the flow's x0 does not apply, nor ``--spread``).
+
 With ``--action-filter B`` (0 <= B < 1), the task receives ``B a_prev + (1 - B) a`` for each action ``a`` after the
 squash, where ``a_prev`` is the action it received a step earlier (0 at an episode's first step): the same policy
 with its actions smoothed (``Smoothed``). Not something the trainer does; it shows how the robot moves when the
@@ -354,6 +358,28 @@ def checkpoint_rows(task: str, path: Path, episodes: int, seed: int, threads=0, 
     return evaluate_policies(task, args, state, policies, **measures)
 
 
+def ppo_rows(task: str, path: Path, episodes: int, seed: int, threads=0, scales=(), **measures) -> list[dict]:
+    """The row of a Playground PPO policy (``playground_ppo.load_policy``): R.evaluate with the policy's own
+    normaliser in place of the flow's, so it reads the raw ``state`` columns."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from playground_ppo import load_policy
+
+    try:
+        policy, meta = load_policy(path)
+    except RunError as err:
+        raise SystemExit(f"error: {err}") from None
+    if meta["env_id"] != task.removesuffix("-v1"):
+        raise SystemExit(f"error: {path} is a policy for {meta['env_id']}, not {task}")
+    args, state = new_state(task, episodes, seed, threads, scales)
+    state.obs_rms = None
+
+    def sample(obs, x0, steps):
+        return torch.tensor(policy(obs.cpu().numpy()), dtype=x0.dtype)
+
+    name = f"ppo, {meta['env_steps']:,} steps"
+    return evaluate_policies(task, args, state, [(name, "-", sample)], **measures)
+
+
 def markdown(rows: list[dict]) -> str:
     head = ["task", "policy", "x0", *COLUMNS, "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -387,6 +413,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=R.PRESETS[PRESET].seed, help="seed of the untrained networks")
     parser.add_argument("--threads", type=int, default=0, help="envpool threads (0: one per core)")
     parser.add_argument("--checkpoint", type=Path, help="evaluate this run checkpoint's live and EMA actors (one task)")
+    parser.add_argument("--ppo", type=Path, help="evaluate this playground_ppo.py params.npz instead (one task)")
     parser.add_argument("--terms", action="store_true", help="also each reward term's share of the return")
     parser.add_argument("--response", action="store_true", help="also how the velocity follows the command")
     parser.add_argument("--spread", action="store_true", help="also how wide the actions are at one state")
@@ -403,7 +430,13 @@ def main() -> None:
             parse_reward_scales(task, "envpool", opts.reward_scales)
         except RunError as err:
             parser.error(str(err))
-    if opts.checkpoint is not None:
+    if opts.ppo is not None:
+        if len(opts.tasks) != 1 or opts.checkpoint is not None or opts.spread:
+            parser.error("--ppo evaluates one task's PPO policy, without --checkpoint or --spread")
+        if not opts.ppo.is_file():
+            parser.error(f"--ppo {opts.ppo}: no such file")
+        rows = ppo_rows(opts.tasks[0], opts.ppo, opts.episodes, opts.seed, **extra)
+    elif opts.checkpoint is not None:
         if len(opts.tasks) != 1:
             parser.error(f"--checkpoint evaluates one task's run; got --tasks {' '.join(opts.tasks)}")
         if not opts.checkpoint.is_file():
@@ -417,6 +450,7 @@ def main() -> None:
         preset = R.PRESETS[PRESET]
         protocol = dict(preset=PRESET, episodes=opts.episodes, seed=opts.seed, eval_seed=preset.eval_seed)
         protocol.update(checkpoint=str(opts.checkpoint) if opts.checkpoint else None, terms=opts.terms)
+        protocol.update(ppo=str(opts.ppo) if opts.ppo else None)
         protocol.update(response=opts.response, stretch_steps=STRETCH if opts.response else None)
         protocol.update(spread=opts.spread, spread_states=SPREAD_STATES, spread_draws=SPREAD_DRAWS)
         protocol.update(flow_steps=preset.flow_steps, action_squash=preset.action_squash, device="cpu")

@@ -10,6 +10,9 @@ optimiser, statistics, counters and random states continue exactly; the episodes
     python benchmarks/portable_checkpoints.py pack DIR        # DIR/runs/NAME/checkpoints/last.pt: DIR/portable/NAME.pt
     python benchmarks/portable_checkpoints.py unpack SRC DIR  # SRC/runs/NAME, SRC/portable/NAME.pt -> DIR/runs/NAME
 
+A run folder of ``benchmarks/playground_ppo.py`` (Brax's PPO) travels whole: its ``params.npz`` is small and holds
+no simulator state, and ``unpack`` copies it as it is.
+
 ``bash benchmarks/robot_study.sh collect`` packs them when ``CHECKPOINTS=1`` is set, and
 ``bash benchmarks/robot_study.sh restore PARTS DIR`` unpacks what it collected; then a plan line with
 ``--resume --runs-dir $RUN_DIR --run-name NAME --num-updates N`` continues run NAME to update N.
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 
 LAST = Path("checkpoints") / "last.pt"
+PPO_PARAMS = "params.npz"  # benchmarks/playground_ppo.py's run folders keep what they resume from here
 
 
 def pack(study: Path) -> list[str]:
@@ -42,20 +46,21 @@ def pack(study: Path) -> list[str]:
 
 def unpack(src: Path, study: Path) -> list[str]:
     """Copy each run folder src/runs/NAME (its logs, settings, summary) into study/runs/NAME with its portable
-    checkpoint as checkpoints/last.pt; returns the run names. An existing run folder there is never written over."""
-    names = []
-    for ckpt in sorted((src / "portable").glob("*.pt")):
-        name, run = ckpt.stem, src / "runs" / ckpt.stem
+    checkpoint as checkpoints/last.pt, and each run folder that holds a ``params.npz`` (``playground_ppo.py``'s,
+    which resumes from it) as it is; returns the run names. An existing run folder there is never written over."""
+    ckpts = {ckpt.stem: ckpt for ckpt in (src / "portable").glob("*.pt")}
+    ppo = {run.parent.name: None for run in (src / "runs").glob(f"*/{PPO_PARAMS}")}
+    for name, ckpt in sorted({**ppo, **ckpts}.items()):
+        run, dest = src / "runs" / name, study / "runs" / name
         if not (run / "args.json").is_file():
             raise SystemExit(f"error: {run} has no args.json: not a run folder to resume")
-        dest = study / "runs" / name
         if dest.exists():
             raise SystemExit(f"error: {dest} exists; unpack into a new study folder")
         shutil.copytree(run, dest)
-        (dest / LAST).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt, dest / LAST)
-        names.append(name)
-    return names
+        if ckpt is not None:
+            (dest / LAST).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ckpt, dest / LAST)
+    return sorted({**ppo, **ckpts})
 
 
 def main() -> None:

@@ -527,3 +527,42 @@ def test_every_plan_line_parses_with_its_script(script, monkeypatch):
         with pytest.raises(SystemExit) as done:
             cli(lambda a: seen.append(a) or {"status": "finished"}, trainer.Args, trainer.PRESETS, argv=argv)
         assert done.value.code == 0 and len(seen) == 1, f"{plan} {name}: {argv}"
+
+
+def test_a_ppo_run_folder_travels_whole_beside_the_runs_with_checkpoints(tmp_path):
+    # benchmarks/playground_ppo.py resumes from its run folder's params.npz; restore copies such a folder as it is,
+    # and a folder with neither params.npz nor a checkpoint stays behind.
+    d = tmp_path / "st"
+    (d / "plan.txt").parent.mkdir(parents=True)
+    (d / "plan.txt").write_text("gpu2 g1_ppo_s0 true\n")
+    ppo, bare = d / "runs" / "g1_ppo_s0", d / "runs" / "nothing_to_resume"
+    for run in (ppo, bare):
+        run.mkdir(parents=True)
+        (run / "args.json").write_text("{}")
+        (run / "metrics.jsonl").write_text('{"env_steps": 0, "eval_return": 1.5}\n')
+    (ppo / "params.npz").write_bytes(bytes(range(256)) * 40)
+    r = subprocess.run(
+        ["bash", str(STUDY), "collect", str(d), str(tmp_path / "dest")], env={**ENV, "CHECKPOINTS": "1"}, **KW
+    )
+    assert r.returncode == 0, r.stderr
+    r = study("restore", tmp_path / "dest", tmp_path / "other")
+    assert r.returncode == 0 and "unpack: 1 run(s): g1_ppo_s0" in r.stdout, r.stderr
+    got = tmp_path / "other" / "runs"
+    assert sorted(p.name for p in got.iterdir()) == ["g1_ppo_s0"]
+    assert (got / "g1_ppo_s0" / "params.npz").read_bytes() == (ppo / "params.npz").read_bytes()
+    assert (got / "g1_ppo_s0" / "metrics.jsonl").read_text() == (ppo / "metrics.jsonl").read_text()
+    assert not (got / "g1_ppo_s0" / "checkpoints").exists()
+
+
+def test_every_plan_line_of_playground_ppo_parses_and_names_a_task_with_settings():
+    pytest.importorskip("mujoco_playground", reason="the playground extra is not installed")
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import playground_ppo
+
+    lines = list(plan_commands("playground_ppo.py"))
+    assert lines, "no plan line runs benchmarks/playground_ppo.py"
+    for plan, name, argv in lines:
+        a = playground_ppo.build_parser().parse_args(argv)
+        assert a.resume and a.run_dir.name == name, f"{plan} {name}: resumes into a folder named as the run"
+        playground_ppo.ppo_config(a.env_id, a.set)  # RunError for an unknown task or setting
