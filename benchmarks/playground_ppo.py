@@ -4,13 +4,14 @@ FPO++ legged runs are compared with.
 It trains `brax.training.agents.ppo` with `mujoco_playground.config.locomotion_params.brax_ppo_config(ENV)` (or the
 DM Control suite's) as Playground's own training script does, on the task the FPO++ runs train on
 (`fpo_utils.playground_env.load_task`: MJX, Menagerie read offline, no domain randomisation). For G1 that is 200M
-steps of 8,192 environments x 20, discount 0.97, learning rate 3e-4, clipping 0.2, entropy cost 0.005, networks
-512-256-128, all environments reset after each of the 20 evaluations, and an ended episode restarting from its
-cached first state (Playground's wrapper default; `--full-reset`: the task's own reset).
+steps (202.3M: Brax rounds up to whole evaluations) of 8,192 environments x 20, discount 0.97, learning rate 3e-4,
+clipping 0.2, entropy cost 0.005, networks 512-256-128, all environments reset after each of the 20 evaluations,
+and an ended episode restarting from its cached first state (Playground's wrapper default; `--full-reset`: the
+task's own reset).
 
 The run folder holds
 * `params.npz`: the normaliser, policy and value parameters and the environment steps they have trained, saved at
-  every evaluation (G1: every ~10M steps), so a stopped run loses at most one evaluation's steps;
+  every evaluation (G1: every 10.6M steps), so a stopped run loses at most one evaluation's steps;
 * `metrics.jsonl`: one row per evaluation: `env_steps`, Brax's evaluation (`eval_return`: the mean first-episode
   return of 128 environments, sampled from the policy's Gaussian; `eval_length`; `term_NAME`: each reward term
   times its weight, summed over the episode, not times the control step), `sps`, and the `machine` it ran on;
