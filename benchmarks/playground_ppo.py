@@ -122,6 +122,14 @@ def networks_factory(obs_size, action_size, preprocess_observations_fn, factory)
     )
 
 
+def obs_sizes(env):
+    """The size of each of `env`'s observations ({key: n}, or n for a flat observation), read without a reset."""
+    import jax
+
+    obs = jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs
+    return {k: int(v.shape[-1]) for k, v in obs.items()} if isinstance(obs, dict) else int(obs.shape[-1])
+
+
 def networks(obs_sizes, action_size: int, factory: dict):
     """Brax's PPO networks as `ppo.train` builds them for observations of `obs_sizes` ({key: n}, or n for a
     flat observation), normalised by running statistics."""
@@ -270,10 +278,8 @@ def main() -> None:
         return
 
     env = load_task(opts.env_id, "jax", scales)
-    obs = jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs
-    obs_sizes = {k: int(v.shape[-1]) for k, v in obs.items()} if isinstance(obs, dict) else int(obs.shape[-1])
     factory = dict(cfg.get("network_factory", {}))
-    meta = dict(env_id=opts.env_id, obs_sizes=obs_sizes, action_size=env.action_size, network_factory=factory)
+    meta = dict(env_id=opts.env_id, obs_sizes=obs_sizes(env), action_size=env.action_size, network_factory=factory)
     meta.update(per_eval=per_eval, reward_scales=scales, full_reset=opts.full_reset)
     machine = f"{platform.node()} {jax.devices()[0].device_kind} x{jax.local_device_count()}"
     settings = cfg.to_dict()
