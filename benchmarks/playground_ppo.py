@@ -122,7 +122,7 @@ def networks_factory(obs_size, action_size, preprocess_observations_fn, factory)
     )
 
 
-def obs_sizes(env):
+def observation_sizes(env):
     """The size of each of `env`'s observations ({key: n}, or n for a flat observation), read without a reset."""
     import jax
 
@@ -279,7 +279,8 @@ def main() -> None:
 
     env = load_task(opts.env_id, "jax", scales)
     factory = dict(cfg.get("network_factory", {}))
-    meta = dict(env_id=opts.env_id, obs_sizes=obs_sizes(env), action_size=env.action_size, network_factory=factory)
+    sizes = observation_sizes(env)
+    meta = dict(env_id=opts.env_id, obs_sizes=sizes, action_size=env.action_size, network_factory=factory)
     meta.update(per_eval=per_eval, reward_scales=scales, full_reset=opts.full_reset)
     machine = f"{platform.node()} {jax.devices()[0].device_kind} x{jax.local_device_count()}"
     settings = cfg.to_dict()

@@ -129,7 +129,7 @@ def test_a_ppo_policy_whose_mean_is_zero_evaluates_as_standing_still(tmp_path):
     if f"{task}-v1" not in envpool_ids():
         pytest.skip(f"envpool (with its Playground ports) is not installed here, so {task}-v1 cannot be made")
     env = load_task(task, "jax")
-    sizes = P.obs_sizes(env)
+    sizes = P.observation_sizes(env)
     factory = dict(P.ppo_config(task).network_factory)
     norm, policy, value = P.template(sizes, env.action_size, factory)
     last = sorted(policy["params"])[-1]  # the output layer: zero weights and bias, so the mean is 0 everywhere
