@@ -124,9 +124,9 @@ def networks_factory(obs_size, action_size, preprocess_observations_fn, factory)
 
 def observation_sizes(env):
     """The size of each of `env`'s observations ({key: n}, or n for a flat observation), read without a reset."""
-    import jax
+    from fpo_utils.playground_env import reset_shapes
 
-    obs = jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs
+    obs = reset_shapes(env)
     return {k: int(v.shape[-1]) for k, v in obs.items()} if isinstance(obs, dict) else int(obs.shape[-1])
 
 

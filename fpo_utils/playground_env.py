@@ -218,15 +218,21 @@ def _mjx_task(env_name: str, scales: tuple = ()):
     return load_task(env_name, "jax", scales)
 
 
+def reset_shapes(task):
+    """The shapes of MJX task `task`'s observation (``{key: ShapeDtypeStruct}``, or one ShapeDtypeStruct for a flat
+    observation), read by tracing one reset without running it."""
+    jax, _, _, _ = _import_jax_playground()
+    return jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs
+
+
 @functools.lru_cache(maxsize=None)
 def observation_space(env_name: str) -> dict | None:
-    """The shapes of a locomotion task's dict observation (``{key: ShapeDtypeStruct}``, for ``route_obs``),
-    read by tracing one reset of the MJX task; None for a DM Control task (its observation is flat)."""
+    """The shapes of a locomotion task's dict observation (``{key: ShapeDtypeStruct}``, for ``route_obs``); None
+    for a DM Control task (its observation is flat)."""
     check_task(env_name)
     if not is_locomotion(env_name):
         return None
-    jax, _, _, _ = _import_jax_playground()
-    obs = jax.eval_shape(_mjx_task(env_name).reset, jax.random.PRNGKey(0)).obs
+    obs = reset_shapes(_mjx_task(env_name))
     return dict(obs) if isinstance(obs, dict) else None
 
 
