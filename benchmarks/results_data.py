@@ -4,7 +4,7 @@ The results pages (tables, figures, commands) are in the main branch; the raw fi
 tarballs, checkpoints, per-run folders and metrics) are on the branch ``results-data``, at the same
 paths. This script puts them where the pages name them, or records new ones there.
 
-    python benchmarks/results_data.py fetch                  # every raw file (about 541 MB)
+    python benchmarks/results_data.py fetch                  # every raw file (`list` gives sizes)
     python benchmarks/results_data.py fetch benchmarks/robot_results/legged/data/partG1   # one folder
     python benchmarks/results_data.py list [PATH ...]        # what there is, with sizes
     python benchmarks/results_data.py publish -m "G1, seed 1"  # record new raw files (then push both branches)
