@@ -35,7 +35,7 @@ import plot_cifar_grid as pcg  # noqa: E402
 
 from rewards import make_diversity_features, sample_diversity  # noqa: E402
 
-# The report's montages: file -> reward -> the seed whose runs it shows (benchmarks/cifar_results/README.md).
+# The report's montages: file -> reward -> the seed whose runs it shows (benchmarks/cifar_results/standin.md).
 MONTAGES = {
     "samples.jpg": {"auto-a35": 20260725, "edge": 20260724, "mixed": 20260724, "simclr": 20260724},
     "samples_s20260725.jpg": {"auto-a35": 20260726, "edge": 20260725, "mixed": 20260725, "simclr": 20260725},

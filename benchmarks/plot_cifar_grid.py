@@ -23,10 +23,11 @@ file's run replaces an earlier one's. Writes:
 * where the runs' folders still hold sample grids: `samples_s<seed>.jpg`, a corner of each run's last
   sample grid (one seed), per reward and weighting; a run without one gets a panel marked "no sample grid
   saved";
-* `verdicts.json` / `verdicts.md`: every comparison above decided by one rule (RULE, `verdict`: the paired
-  difference over seeds is a win or loss beyond 2 SE, else a tie; n/a under 2 pairs), the generated
-  verdict text, and the peaks that are the untrained update-0 value; the blocks of `<out>/README.md`
-  between `<!-- generated: NAME -->` and `<!-- end generated -->` are refilled from them.
+* `verdicts.json` / `verdicts.md`: every comparison above decided by one rule (RULE, `verdict`: a paired
+  Student's t-test over seeds at 5%, two-sided, n - 1 degrees of freedom: a win or a loss where p < .05, else a
+  tie; n/a under 3 pairs), with its t and p, the generated verdict text, and the peaks that are the untrained
+  update-0 value; the blocks between `<!-- generated: NAME -->` and `<!-- end generated -->` are refilled from
+  them on whichever page of `<out>` (`*.md`) holds them.
 
 Tables show the diversity at the peak (`div_cos_at_peak`, `div_classes_at_peak`) where runs measured it and
 "not measured" otherwise. Grids are grid.json files, their folders, or the raw-file tarballs:
@@ -91,7 +92,7 @@ class Args:
     grids: tyro.conf.Positional[Tuple[str, ...]]
     """grid.json files of `halving.py cifar-grid` (or their folders)."""
     out: str = "."
-    """Folder for the PNGs and tables (and the README.md whose generated blocks are refilled)."""
+    """Folder for the PNGs and tables (and the pages whose generated blocks are refilled)."""
     mark_blank: Tuple[str, ...] = ()
     """Existing sample montages whose empty panels (runs without a sample grid) are to be marked."""
 
@@ -247,37 +248,104 @@ def mean_sd(values: List[float]) -> Tuple[float, float]:
 
 
 def bare(text: str) -> str:
-    """Numbers without leading zeros (.958 +- .004, -.0057), as the README's tables write them; 10.5 stays."""
+    """Numbers without leading zeros (.958 +- .004, -.0057), as the pages' tables write them; 10.5 stays."""
     return re.sub(r"(?<![\d.])0\.", ".", text)
 
 
 def pm(values: List[float], sign: str = "", digits: int = 4, lead: bool = True) -> str:
     """'mean +- SD' of the values (the mean alone for one value); sign "+" writes the mean's sign; without
-    ``lead``, no leading zeros (.958 +- .004, as the README's tables write them)."""
+    ``lead``, no leading zeros (.958 +- .004, as the pages' tables write them)."""
     m, sd = mean_sd(values)
     text = f"{m:{sign}.{digits}f}" + ("" if math.isnan(sd) else f" +- {sd:.{digits}f}")
     return text if lead else bare(text)
 
 
+LEVEL = 0.05  # two-sided significance level of the paired t-test
+MIN_PAIRS = 3  # with fewer pairs a comparison has no verdict
+NONE_DECIDED = "no comparison decided (fewer than 3 pairs)"
 RULE = (
     "Every comparison is a paired difference over seeds: runs with the same seed are paired (where a comparison"
-    " pools several profiles or shapes, each (profile, seed) is a pair). If the mean difference lies beyond"
-    " twice its standard error (SE = sample SD of the paired differences / sqrt(n)), the comparison is a win"
-    " (above) or a loss (below); otherwise it is a tie. With fewer than 2 pairs there is no verdict (n/a)."
+    " pools several profiles or shapes, each (profile, seed) is a pair). The n differences go through a paired"
+    " Student's t-test at 5%, two-sided: t = mean / SE (SE = sample SD of the differences / sqrt(n)) against"
+    " Student's t with n - 1 degrees of freedom. Where p < .05 the comparison is a win (mean above 0) or a loss"
+    " (below); otherwise it is a tie. With fewer than 3 pairs there is no verdict (n/a). Differences that are all"
+    " 0 are a tie (p = 1); equal nonzero differences (SD 0) are a win or a loss with p = 0 and no finite t (t"
+    " null in verdicts.json)."
 )
 
 
-def verdict(diffs: Sequence[float]) -> Tuple[str, float, float]:
-    """(verdict, mean, SE) of paired differences A - B: "win" (A above B) or "loss" where the mean lies
-    beyond twice its standard error (sample SD / sqrt(n)), else "tie"; "n/a" with fewer than 2 pairs."""
+def beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz), which converges fast for
+    x < (a + 1) / (a + b + 2)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 100_000):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= c * d
+        if abs(c * d - 1.0) < 1e-16:
+            return h
+    raise ArithmeticError(f"incomplete beta fraction did not converge at a={a}, b={b}, x={x}")
+
+
+def incomplete_beta(a: float, b: float, x: float, y: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), given x and y = 1 - x (each exact, so that neither is
+    rounded as 1 minus the other)."""
+    if x <= 0.0 or y <= 0.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - incomplete_beta(b, a, y, x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
+    return math.exp(log_front) * beta_fraction(a, b, x) / a
+
+
+def t_two_sided(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: I_{df / (df + t^2)}(df / 2, 1 / 2)."""
+    return incomplete_beta(df / 2, 0.5, df / (df + t * t), t * t / (df + t * t))
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df degrees of freedom."""
+    half = t_two_sided(t, df) / 2
+    return 1.0 - half if t >= 0 else half
+
+
+def t_critical(df: float, level: float = LEVEL) -> float:
+    """The t beyond which a two-sided test at `level` decides: P(|T| >= t) = level, by bisection."""
+    lo, hi = 0.0, 1.0
+    while t_two_sided(hi, df) > level:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided(mid, df) > level else (lo, mid)
+        if hi - lo < 1e-13 * hi:
+            break
+    return (lo + hi) / 2
+
+
+def verdict(diffs: Sequence[float]) -> Tuple[str, float, float, float | None, float | None]:
+    """(verdict, mean, SE, t, p) of paired differences A - B under RULE: a paired Student's t-test at LEVEL,
+    two-sided, n - 1 degrees of freedom: "win" (A above B) or "loss" where p < LEVEL, else "tie"; "n/a" with
+    fewer than MIN_PAIRS pairs (t and p None). Differences all 0: a tie with p = 1; all equal and nonzero (SD 0):
+    a win or a loss with p = 0; t is None for both (not finite)."""
     n = len(diffs)
-    if n == 0:
-        return "n/a", float("nan"), float("nan")
-    m = sum(diffs) / n
-    if n < 2:
-        return "n/a", m, float("nan")
-    se = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1) / n)
-    return ("win" if m > 2 * se else "loss" if m < -2 * se else "tie"), m, se
+    m = sum(diffs) / n if n else float("nan")
+    se = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    if n < MIN_PAIRS:
+        return "n/a", m, se, None, None
+    if all(d == diffs[0] for d in diffs) or se == 0:
+        return ("tie", m, 0.0, None, 1.0) if m == 0 else ("win" if m > 0 else "loss", m, 0.0, None, 0.0)
+    t = m / se
+    p = t_two_sided(t, n - 1)
+    return ("win" if t > 0 else "loss") if p < LEVEL else "tie", m, se, t, p
 
 
 def paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
@@ -285,18 +353,28 @@ def paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
     return [a[k] - b[k] for k in sorted(a) if k in b]
 
 
+def tested_row(diffs: Sequence[float]) -> Dict[str, object]:
+    """n, mean, SE, t, p and verdict of paired differences (verdict), with None for what is not finite."""
+    v, m, se, t, p = verdict(diffs)
+    return {"n": len(diffs), "mean": None if math.isnan(m) else m, "se": None if math.isnan(se) else se, "t": t,
+            "p": p, "verdict": v}  # fmt: skip
+
+
+def summary_word(row: Dict[str, object]) -> str:
+    """A comparison's verdict with its t and p for a summary line, or NONE_DECIDED."""
+    return NONE_DECIDED if row["verdict"] == "n/a" else verdict_cell(row)
+
+
 class Report:
     """Every comparison the report makes (verdicts.json, verdicts.md) and the generated text blocks that
-    replace the marked blocks of the report's README.md."""
+    replace the marked blocks of the report's pages."""
 
     def __init__(self) -> None:
         self.rows: List[Dict[str, object]] = []
         self.blocks: Dict[str, List[str]] = {}
 
     def compare(self, section: str, reward: str, a: str, b: str, diffs: Sequence[float], pairs: str = "seed"):
-        v, m, se = verdict(diffs)
-        row = {"section": section, "reward": reward, "a": a, "b": b, "pairs": pairs, "n": len(diffs)}
-        row.update(mean=None if math.isnan(m) else m, se=None if math.isnan(se) else se, verdict=v)
+        row = {"section": section, "reward": reward, "a": a, "b": b, "pairs": pairs, **tested_row(diffs)}
         self.rows.append(row)
         return row
 
@@ -304,12 +382,35 @@ class Report:
         self.blocks.setdefault(block, []).extend(lines)
 
 
+def p_text(p: float | None) -> str:
+    """A p-value in three decimals ('0.023'), below .001 in two digits ('4.1e-05'), '0' for 0, '' for None."""
+    return "" if p is None else "0" if p == 0 else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def test_text(row: Dict[str, object]) -> str:
+    """'t = +2.63, p = 0.023' for a decided comparison row ('SD 0, p = 0' where t is not finite); '' for n/a."""
+    if row["p"] is None:
+        return ""
+    return ("SD 0" if row["t"] is None else f"t = {row['t']:+.2f}") + f", p = {p_text(row['p'])}"
+
+
+def verdict_cell(row: Dict[str, object]) -> str:
+    """'win (t = +2.63, p = 0.023)' for a comparison row: its verdict with t and p beside it; 'n/a' alone."""
+    test = test_text(row)
+    return f"{row['verdict']} ({test})" if test else str(row["verdict"])
+
+
 def diff_text(row: Dict[str, object]) -> str:
-    """'+0.0071 +- 0.0027 (SE, n = 12), win' for a comparison row."""
+    """'+0.0071 +- 0.0027 (SE, n = 12), win (t = +2.63, p = 0.023)' for a comparison row."""
     if row["mean"] is None:
         return "no pairs, n/a"
     se = "" if row["se"] is None else f" +- {row['se']:.4f}"
-    return f"{row['mean']:+.4f}{se} (SE, n = {row['n']}), {row['verdict']}"
+    return f"{row['mean']:+.4f}{se} (SE, n = {row['n']}), {verdict_cell(row)}"
+
+
+def claim(row: Dict[str, object], words: Dict[str, str]) -> str:
+    """The word a claim takes from a comparison's verdict (`words`: verdict -> word), or NONE_DECIDED."""
+    return words.get(str(row["verdict"]), NONE_DECIDED)
 
 
 def names(values: Sequence[float]) -> str:
@@ -317,8 +418,8 @@ def names(values: Sequence[float]) -> str:
 
 
 def tied_ranks(by_alpha: Dict[float, Dict[int, float]], alphas: Sequence[float], seeds: Sequence[int]) -> List[int]:
-    """Per shape, 1 + the number of shapes that beat it under the verdict rule (paired over `seeds`):
-    shapes that no other shape separates share rank 1."""
+    """Per shape, 1 + the number of shapes that beat it under the verdict rule (a paired t-test over `seeds`, p <
+    .05): shapes that no other shape separates share rank 1."""
     sub = {a: {k: by_alpha[a][k] for k in seeds} for a in alphas}
     return [1 + sum(verdict(paired(sub[b], sub[a]))[0] == "win" for b in alphas if b != a) for a in alphas]
 
@@ -445,12 +546,12 @@ def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
             sd = "" if math.isnan(s) else f" +- {s:.4f}"
             paper = "" if v["paper"] is None else f"{v['paper']:g}"
             best = v["vs_best"].get(a)
-            vs_best = ["", "best"] if best is None else [diff_text(best).split(" (")[0], best["verdict"]]
+            vs_best = ["", "best"] if best is None else [diff_text(best).split(" (")[0], verdict_cell(best)]
             pap = v["vs_paper"].get(a)
             if pap is None:
                 vs_pap = ["", "paper's shape" if v["paper"] == a else ""]
             else:
-                vs_pap = [diff_text(pap).split(" (")[0], pap["verdict"]]
+                vs_pap = [diff_text(pap).split(" (")[0], verdict_cell(pap)]
             infos = info.get(reward, {}).get(1.0, {}).get(a, {})
             cells = [reward, f"{a:g}", str(len(runs[a])), f"{m:.4f}{sd}", seeds, paper, *vs_best, *vs_pap]
             cells += [update0_text(infos), *div_text(list(infos.values()))]
@@ -458,7 +559,7 @@ def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
     axes[0][0].set_ylabel("per-run validation peak\n(mean over seeds; bars: sample SD)")
     fig.suptitle(
         "Peak against alpha at g = 1. Bars: sample SD over seeds. Open markers: below the best alpha under the"
-        " paired rule (mean difference beyond 2 SE)",
+        " paired t-test (p < .05, two-sided)",
         fontsize=9,
     )
     fig.tight_layout()
@@ -471,7 +572,7 @@ def write_landscape(data: Peaks, info, out: Path, report: Report) -> None:
 
 
 def peak_table(data: Peaks, found: Dict[str, Dict[str, object]], report: Report) -> None:
-    """The README's landscape table: one row a reward, the peak's mean +- sample SD over seeds per alpha."""
+    """The pages' landscape table: one row a reward, the peak's mean +- sample SD over seeds per alpha."""
     alphas = sorted({a for reward in found for a in data[reward][1.0]})
     lines = ["| alpha (seeds) | " + " | ".join(f"{a:g}" for a in alphas) + " |", "|---" * (len(alphas) + 1) + "|"]
     for reward, v in found.items():
@@ -489,46 +590,57 @@ def peak_table(data: Peaks, found: Dict[str, Dict[str, object]], report: Report)
     report.add("peaks", *lines)
 
 
+def tested(alphas: Sequence[float], rows: Dict[float, Dict[str, object]]) -> str:
+    """'-1 (t = -2.10, p = 0.127), 0.5 (...)': the alphas, each with the t and p of its comparison row."""
+    return ", ".join(f"{a:g}" + (f" ({test_text(rows[a])})" if test_text(rows[a]) else "") for a in alphas) or "none"
+
+
 def landscape_text(data: Peaks, found: Dict[str, Dict[str, object]], report: Report) -> None:
     low_lost, low_all, plateau_tied, plateau_all, papers = 0, 0, 0, 0, []
     for reward, v in found.items():
-        best, means, paper = v["best"], v["means"], v["paper"]
-        tied = [a for a, r in v["vs_best"].items() if r["verdict"] == "tie"]
-        lost = [a for a, r in v["vs_best"].items() if r["verdict"] == "loss"]
-        na = [a for a, r in v["vs_best"].items() if r["verdict"] == "n/a"]
+        best, means, paper, rows = v["best"], v["means"], v["paper"], v["vs_best"]
+        tied = [a for a, r in rows.items() if r["verdict"] == "tie"]
+        lost = [a for a, r in rows.items() if r["verdict"] == "loss"]
+        na = [a for a, r in rows.items() if r["verdict"] == "n/a"]
         low = [a for a in sorted(means) if a >= 1 and a != best]
         low_lost += sum(a in lost for a in low)
-        low_all += len(low)
+        low_all += sum(a not in na for a in low)
         high = [a for a in sorted(means) if a <= 0.5 and a != best]
         plateau_tied += sum(a in tied for a in high)
-        plateau_all += len(high)
-        lines = [f"- **{reward}**: best mean alpha {best:g} ({means[best]:.4f}). Tied with it: alpha {names(tied)};"]
-        lines[-1] += f" below it (loss): alpha {names(lost)}" + (f"; n/a: alpha {names(na)}." if na else ".")
+        plateau_all += sum(a not in na for a in high)
+        lines = [
+            f"- **{reward}**: best mean alpha {best:g} ({means[best]:.4f}). Tied with it: alpha {tested(tied, rows)};"
+        ]
+        lines[-1] += f" below it (loss): alpha {tested(lost, rows)}" + (f"; n/a: alpha {names(na)}." if na else ".")
         if paper is None or paper not in means:
-            claim = "no paper shape to compare"
+            text = "no paper shape to compare"
         elif paper == best:
-            claim = f"the paper's g = 1 shape ({paper:g}) is the best mean here: **holds**"
+            word = "**holds**" if len(na) < len(rows) else NONE_DECIDED
+            text = f"the paper's g = 1 shape ({paper:g}) is the best mean here: {word}"
         else:
-            row = v["vs_best"][paper]
-            word = {"tie": "**holds** (tie)", "loss": "**differs**", "win": "**holds**"}.get(row["verdict"], "n/a")
-            claim = f"the paper's g = 1 shape ({paper:g}) against the best: {diff_text(row)}: {word}"
-        papers.append(f"{reward} {'best' if paper == best else v['vs_best'].get(paper, {}).get('verdict', 'n/a')}")
+            word = claim(rows[paper], {"tie": "**holds** (tie)", "loss": "**differs**", "win": "**holds**"})
+            text = f"the paper's g = 1 shape ({paper:g}) against the best: {diff_text(rows[paper])}: {word}"
+        papers.append(f"{reward} {'best' if paper == best else verdict_cell(rows[paper]) if paper in rows else 'n/a'}")
         lost_low = [a for a in low if a in lost]
-        word = "**holds**" if low and len(lost_low) == len(low) else "**partly**" if lost_low else "**differs**"
+        word = "**holds**" if len(lost_low) == len(low) else "**partly**" if lost_low else "**differs**"
+        word = word if any(a not in na for a in low) else NONE_DECIDED
         lines.append(
             f"  Low-noise emphasis (alpha >= 1) below the best at alpha {names(lost_low)} of {names(low)}: {word}."
         )
         high_lost = [a for a in high if a in lost]
-        word = "**holds**" if not high_lost else "**partly**"
+        word = ("**holds**" if not high_lost else "**partly**") if any(a not in na for a in high) else NONE_DECIDED
         lines.append(
             f"  High-noise side and x0 (alpha <= 0.5): tied with the best at {names([a for a in high if a in tied])},"
-            f" below it at {names(high_lost)}: {word}. {claim[0].upper()}{claim[1:]}."
+            f" below it at {names(high_lost)}: {word}. {text[0].upper()}{text[1:]}."
         )
         report.add("landscape", *lines)
+    low_text = f"alpha >= 1 below the best in {low_lost} of {low_all} (reward, alpha) cells" if low_all else None
+    high_text = f"alpha <= 0.5 tied with the best in {plateau_tied} of {plateau_all}" if plateau_all else None
     report.add(
         "summary_landscape",
-        f"alpha >= 1 below the best in {low_lost} of {low_all} (reward, alpha) cells; alpha <= 0.5 tied with the"
-        f" best in {plateau_tied} of {plateau_all}; paper's g = 1 shape against the best: " + ", ".join(papers),
+        f"{low_text or 'alpha >= 1 against the best: ' + NONE_DECIDED}; "
+        f"{high_text or 'alpha <= 0.5 against the best: ' + NONE_DECIDED}; paper's g = 1 shape against the best: "
+        + ", ".join(papers),
     )
 
 
@@ -576,9 +688,10 @@ def write_scale(data: Peaks, info, out: Path, report: Report) -> None:
         ax.set(title=f"{reward}, n = {n} seed{'s' * (n != 1)}", xlabel="scale g", ylabel="alpha")
         ax.set_xticks(range(len(s["gs"])), [f"{g:g}" for g in s["gs"]])
         ax.set_yticks(range(len(s["alphas"])), [f"{a:g}" for a in s["alphas"]])
-        if n < 2:  # the rule needs two pairs: no shape beats another, and no rank is shown
+        if n < MIN_PAIRS:  # the rule needs three pairs: no shape beats another, and no rank is shown
             ax.imshow(np.zeros(tied.shape), cmap="Greys", aspect="auto", vmin=0, vmax=1)
-            ax.text(0.5, 0.5, "one seed: no ranks\n(the rule needs two)", ha="center", transform=ax.transAxes)
+            text = f"{n} seed{'s' * (n != 1)}: no ranks\n(the rule needs {MIN_PAIRS})"
+            ax.text(0.5, 0.5, text, ha="center", transform=ax.transAxes)
             continue
         ax.imshow(tied, cmap="viridis_r", aspect="auto", vmin=1, vmax=len(s["alphas"]))
         for (i, j), r in np.ndenumerate(tied):
@@ -588,7 +701,7 @@ def write_scale(data: Peaks, info, out: Path, report: Report) -> None:
                 j, i, f"={r}" if shared else str(r), ha="center", va="center", color="w" if dark else "k", fontsize=8
             )
     fig.suptitle(
-        "Rank within each scale = 1 + shapes that beat it (paired by seed, mean beyond 2 SE); '=r': rank shared (tied)",
+        "Rank within each scale = 1 + shapes that beat it (paired t-test by seed, p < .05); '=r': rank shared (tied)",
         fontsize=8,
     )
     fig.tight_layout()
@@ -628,7 +741,7 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, info, checks: List[str
                 paired(sub[g][float(p)], sub[g][best]),
             )
             cells += [f"{p:g}", diff_text(row)]
-            paper_words.append(f"g {g:g}: {row['verdict']}")
+            paper_words.append(f"g {g:g}: {verdict_cell(row)}")
         if keep is None or keep == best:
             cells.append("the best" if keep is not None else "")
             keep_words.append("best")
@@ -641,13 +754,13 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, info, checks: List[str
                 paired(sub[g][keep], sub[g][best]),
             )
             cells.append(diff_text(row))
-            keep_words.append(row["verdict"])
+            keep_words.append(verdict_cell(row))
             moved += [g] if row["verdict"] == "loss" else []
         cells += div_text([info[g][best][k] for k in seeds if k in info.get(g, {}).get(best, {})])
         checks.append("| " + " | ".join(cells) + " |")
     if keep is None:
         return
-    word = "**differs**" if moved else "n/a" if len(seeds) < 2 else "**holds**"
+    word = "**differs**" if moved else NONE_DECIDED if len(seeds) < MIN_PAIRS else "**holds**"
     report.add(
         "scale",
         f"- **{reward}** ({tag} seeds, g = {names(s['gs'])}): best mean shape per g "
@@ -658,7 +771,9 @@ def scale_checks(reward: str, s: Dict[str, object], by_g, info, checks: List[str
     )
     report.add(
         "summary_scale",
-        f"{reward} ({tag}): g = 1 winner {keep:g} kept at every g: {word.strip('*')};"
+        f"{reward} ({tag}): {NONE_DECIDED}"
+        if len(seeds) < MIN_PAIRS
+        else f"{reward} ({tag}): g = 1 winner {keep:g} kept at every g: {word.strip('*')};"
         f" paper's shape: {'; '.join(paper_words)}",
     )
     if 1.0 not in s["gs"]:
@@ -687,7 +802,7 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
         return
     head = "| reward | x0 (alpha 0) | v (alpha 1) | eps | best | x0 - v, paired | v - eps, paired | x0 - eps, paired |"
     lines = [head + " diversity (cos) x0 / v / eps | classes x0 / v / eps |", "|---" * 10 + "|"]
-    orders, words = 0, []
+    orders, decided, words = 0, 0, []
     table = ["| reward (seeds) | x0 (alpha 0) | v (alpha 1) | eps | diversity at the peak (cos) x0 / v / eps |"]
     table.append("|---" * 5 + "|")
     for reward in rewards:
@@ -700,15 +815,17 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
             means[target] = mean_sd(list(runs.values()))[0]
             row.append(f"{pm(list(runs.values()))} (n={len(runs)})")
         row.append(max(means, key=means.get))
-        verdicts = []
+        verdicts, tests = [], []
         for a, b in (("x0", "v"), ("v", "eps"), ("x0", "eps")):
             if a in peaks[reward] and b in peaks[reward]:
                 r = report.compare("targets", reward, a, b, paired(peaks[reward][a], peaks[reward][b]))
                 row.append(diff_text(r))
                 verdicts.append(r["verdict"])
+                tests.append(verdict_cell(r))
             else:
                 row.append("-")
                 verdicts.append("n/a")
+                tests.append("n/a")
         fixed = info.get(reward, {}).get(1.0, {})
         divs = [list(fixed.get(0.0, {}).values()), list(fixed.get(1.0, {}).values())]
         divs.append([i for (r, c, _), i in cells.items() if r == reward and c == "eps"])
@@ -717,22 +834,19 @@ def write_targets(peaks: Dict[str, Dict[str, Dict[int, float]]], info, cells, ou
         lines.append(f"| {reward} | " + " | ".join(row) + " |")
         table.append(target_row(reward, peaks[reward], max(means, key=means.get), texts))
         orders += verdicts[:2] == ["win", "win"]
-        words.append(f"{reward}: x0 - v {verdicts[0]}, v - eps {verdicts[1]}")
+        decided += any(v != "n/a" for v in verdicts[:2])
+        words.append(f"{reward}: x0 - v {tests[0]}, v - eps {tests[1]}")
     word = "**holds**" if orders == len(rewards) else f"**holds on {orders} of {len(rewards)} rewards**"
-    report.add(
-        "targets",
-        f"- x0 above v above eps under the rule on {orders} of {len(rewards)} rewards ({'; '.join(words)}): {word}.",
-    )
+    word, count = (word, f"on {orders} of {len(rewards)} rewards") if decided else (NONE_DECIDED, NONE_DECIDED)
+    report.add("targets", f"- x0 above v above eps under the rule {count} ({'; '.join(words)}): {word}.")
     report.add("targets_table", *table)
-    report.add(
-        "summary_targets", f"x0 > v > eps (both steps wins) on {orders} of {len(rewards)} rewards ({'; '.join(words)})"
-    )
+    report.add("summary_targets", f"x0 > v > eps (both steps wins) {count} ({'; '.join(words)})")
     (out / "targets.md").write_text(f"{RULE}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'targets.md'}")
 
 
 def target_row(reward: str, runs: Dict[str, Dict[int, float]], best: str, divs) -> str:
-    """The README's targets row: mean +- sample SD of the peak per target (the best in bold), diversity."""
+    """The pages' targets row: mean +- sample SD of the peak per target (the best in bold), diversity."""
     cells = []
     for target in ("x0", "v", "eps"):
         peaks = list(runs.get(target, {}).values())
@@ -784,7 +898,7 @@ def write_rules(rules: Rules, data: Peaks, cells, info, out: Path, report: Repor
                 d = paired(peaks, x0)
                 row = report.compare("rules", reward, label, "x0 (alpha 0)", d)
                 diff = f"{row['mean']:+.4f} ({len(d)})"
-                se, vs = ("" if row["se"] is None else f"{row['se']:.4f}"), row["verdict"]
+                se, vs = ("" if row["se"] is None else f"{row['se']:.4f}"), verdict_cell(row)
             paper = PAPER_RULES.get((reward, key))
             paper = "" if paper is None else f"{paper[0]:.4f} +- {paper[1]:.4f}"
             values = list(peaks.values())
@@ -809,7 +923,7 @@ def rule_label(cell: str) -> str:
 
 
 def rules_table(table: Dict[str, Dict[str, Tuple[List[float], str]]], report: Report) -> None:
-    """The README's rules table: per static or online rule and reward, the peak's mean +- SD (the best mean
+    """The pages' rules table: per static or online rule and reward, the peak's mean +- SD (the best mean
     of each reward in bold) and its mean paired difference from x0, then the paper's online numbers."""
     rewards = sorted({r for by in table.values() for r in by})
     if not rewards:
@@ -845,8 +959,8 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
     static = {s["eta"]: p for s, p in rules.values() if s["weighting"] == "static-softmax"}
     summary = []
     if static and best is not None:
-        by = {eta: verdict(paired(p, fixed[best]))[0] for eta, p in static.items()}
-        groups = {w: [e for e in sorted(by) if by[e] == w] for w in ("win", "tie", "loss", "n/a")}
+        by = {eta: tested_row(paired(p, fixed[best])) for eta, p in static.items()}
+        groups = {w: [e for e in sorted(by) if by[e]["verdict"] == w] for w in ("win", "tie", "loss", "n/a")}
         top = max(static, key=lambda e: mean_sd(list(static[e].values()))[0])
         row = report.compare(
             "rules",
@@ -855,12 +969,11 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
             f"alpha {best:g} (best fixed)",
             paired(static[top], fixed[best]),
         )
-        word = "**holds**" if row["verdict"] in ("tie", "win") else "**differs**" if row["verdict"] == "loss" else "n/a"
+        word = claim(row, {"tie": "**holds**", "win": "**holds**", "loss": "**differs**"})
         eta_max = max(static)
         text = f"- **{reward}, static softmax** against the best fixed alpha ({best:g}): etas above it"
-        text += (
-            f" {names(groups['win'])}, tied {names(groups['tie'])}, below {names(groups['loss'])}. The best mean eta"
-        )
+        text += f" {tested(groups['win'], by)}, tied {tested(groups['tie'], by)}, below {tested(groups['loss'], by)}"
+        text += (f"; n/a {names(groups['n/a'])}" if groups["n/a"] else "") + ". The best mean eta"
         text += f" ({top:g}): {diff_text(row)}: matching the best fixed alpha (fig:static) {word}."
         if eta_max != top:
             more = report.compare(
@@ -870,19 +983,17 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
                 f"static softmax eta {top:g} (best mean eta)",
                 paired(static[eta_max], static[top]),
             )
-            shown = {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"}.get(
-                more["verdict"], "n/a"
-            )
+            shown = claim(more, {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"})
             text += (
                 f" The most concentrated eta ({eta_max:g}) against the best eta: {diff_text(more)}: more concentration"
             )
             text += f" is not uniformly better: {shown}."
         report.add("rules", text)
-        summary.append(f"{reward}: best static eta vs best fixed alpha {row['verdict']}")
+        summary.append((row, f"{reward}: best static eta vs best fixed alpha {summary_word(row)}"))
     for settings, peaks in rules.values():
         if settings["weighting"] == "online-ema" and x0:
             row = report.compare("rules", reward, "online EMA", "x0 (alpha 0)", paired(peaks, x0))
-            below = {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"}.get(row["verdict"], "n/a")
+            below = claim(row, {"loss": "**holds**", "tie": "**not shown** (tie)", "win": "**differs**"})
             text = f"- **{reward}, online EMA** minus x0: {diff_text(row)}"
             text += (
                 f"; the online peak below its x0 control (app:online-analysis): {below}."
@@ -890,7 +1001,7 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
                 else "."
             )
             report.add("rules", text)
-            summary.append(f"{reward}: online EMA vs x0 {row['verdict']}")
+            summary.append((row, f"{reward}: online EMA vs x0 {summary_word(row)}"))
         if settings["weighting"] == "schedule":
             ends = [float(settings["alpha_early"]), float(settings["alpha_late"])]
             parts = []
@@ -903,15 +1014,16 @@ def rules_text(reward: str, rules, fixed: Dict[float, Dict[int, float]], report:
                         f"fixed alpha {end:g}",
                         paired(peaks, fixed[end]),
                     )
-                    above = {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"}.get(
-                        row["verdict"], "n/a"
-                    )
+                    above = claim(row, {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"})
                     parts.append(
                         f"minus fixed {end:g}: {diff_text(row)}; the path above fixed {end:g} (tab:dynamic): {above}"
                     )
-                    summary.append(f"{reward}: path vs fixed {end:g} {row['verdict']}")
+                    summary.append((row, f"{reward}: path vs fixed {end:g} {summary_word(row)}"))
             report.add("rules", f"- **{reward}, path {ends[0]:g} -> {ends[1]:g}**: " + ". ".join(parts) + ".")
-    report.add("summary_rules", "; ".join(summary))
+    if summary and all(row["verdict"] == "n/a" for row, _ in summary):
+        report.add("summary_rules", f"{reward}: {NONE_DECIDED}")
+    elif summary:
+        report.add("summary_rules", "; ".join(text for _, text in summary))
 
 
 def write_estimators(
@@ -948,7 +1060,7 @@ def write_estimators(
         row = report.compare("estimators", reward, "q+Z", "explicit", diffs, pairs="(profile, seed)")
         ours = [str(len(diffs)), pm(diffs, "+"), "/".join(map(str, wtl))]
         se = "" if row["se"] is None else f"{row['se']:.4f}"
-        lines.append(f"| {reward} | " + " | ".join(ours + paper + [se, row["verdict"]]) + " |")
+        lines.append(f"| {reward} | " + " | ".join(ours + paper + [se, verdict_cell(row)]) + " |")
         names = {p: profile_alpha(p) for p, *_ in rows}  # fixed alphas by value, other profiles by name
         alphas = sorted(a for a in names.values() if not math.isnan(a))
         parts = [f"alpha {', '.join(f'{a:g}' for a in alphas)}"] if alphas else []
@@ -971,15 +1083,17 @@ def write_estimators(
         text = f"- **{reward}**: q+Z minus explicit over {len(diffs)} (profile, seed) pairs: {diff_text(row)}"
         text += f" (W/T/L at the paper's .003: {'/'.join(map(str, wtl))}; paper {paper[2] or '-'})."
         if reward == "edge":
-            word = {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"}.get(row["verdict"], "n/a")
+            word = claim(row, {"win": "**holds**", "tie": "**not shown** (tie)", "loss": "**differs**"})
             text += f" Edge improves under q+Z (tab:sampling): {word}."
         if qa_all:
             r3 = report.compare("estimators", reward, "q+Z", "q+a", qa_all, pairs="(profile, seed)")
             text += f" q+Z minus the q+a runs of item a at the same profile and seed: {diff_text(r3)}."
         report.add("estimators", text)
-        summary.append(
-            f"{reward}: q+Z vs explicit {row['verdict']} ({row['mean']:+.4f} +- {row['se']:.4f} SE, {len(diffs)} pairs)"
-        )
+        if row["verdict"] == "n/a":
+            summary.append(f"{reward}: q+Z vs explicit: {NONE_DECIDED} ({len(diffs)} pairs)")
+        else:
+            mean = f"{row['mean']:+.4f} +- {row['se']:.4f} SE, {len(diffs)} pairs, {test_text(row)}"
+            summary.append(f"{reward}: q+Z vs explicit {row['verdict']} ({mean})")
     lines += ["", "Per profile, paired by seed:", ""] + per_profile
     lines += ["", "| reward | profile | seed | q+Z | explicit | difference | diversity (cos) q+Z / explicit |"]
     lines[-1] += " classes q+Z / explicit |"
@@ -1047,11 +1161,13 @@ def write_summary(runs: Runs, report: Report) -> None:
         ("d. paths and rules", "tab:dynamic, fig:static, tab:online-full", "rules"),
         ("e. estimators", "tab:sampling", "estimators"),
     ]
-    lines = ["| item | paper | runs | result (verdict rule above) |", "|---|---|---|---|"]
+    head = ["| item | paper | runs | result (verdict rule: paired t-test, p < .05) |", "|---|---|---|---|"]
+    rows = {}
     for item, paper, kind in items:
         result = "; ".join(report.blocks.get(f"summary_{kind}", [])) or "not run"
-        lines.append(f"| {item} | {paper} | {len(kinds.get(kind, ()))} | {result} |")
-    report.add("summary", *lines)
+        rows[kind] = f"| {item} | {paper} | {len(kinds.get(kind, ()))} | {result} |"
+    report.add("summary", *head, *rows.values())
+    report.add("summary_scale_rules", *head, rows["scale"], rows["rules"])
 
 
 NO_SAMPLES = "no sample\ngrid saved"
@@ -1176,46 +1292,55 @@ def write_update0(runs: Runs, report: Report) -> None:
 
 
 def write_verdicts(report: Report, out: Path) -> None:
-    """verdicts.json (every comparison) and verdicts.md (the rule, the generated text, every comparison)."""
-    (out / "verdicts.json").write_text(json.dumps({"rule": RULE, "comparisons": report.rows}, indent=1) + "\n")
+    """verdicts.json (every comparison, strict JSON: what is not finite is null) and verdicts.md (the rule, the
+    generated text, every comparison)."""
+    doc = {"rule": RULE, "level": LEVEL, "min_pairs": MIN_PAIRS, "comparisons": report.rows}
+    (out / "verdicts.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     lines = ["# Verdicts", "", RULE, ""]
     for name, block in report.blocks.items():
         lines += [f"## {name}", "", *block, ""]
     lines += [
         "## every comparison",
         "",
-        "| section | reward | A | B | pairs | n | A - B | SE | verdict |",
-        "|---" * 9 + "|",
+        "| section | reward | A | B | pairs | n | A - B | SE | t | p | verdict |",
+        "|---" * 11 + "|",
     ]
     for r in report.rows:
         m = "" if r["mean"] is None else f"{r['mean']:+.4f}"
         se = "" if r["se"] is None else f"{r['se']:.4f}"
+        t = "" if r["t"] is None else f"{r['t']:+.2f}"
         lines.append(
             f"| {r['section']} | {r['reward']} | {r['a']} | {r['b']} | {r['pairs']} | {r['n']} | {m} | {se}"
-            f" | {r['verdict']} |"
+            f" | {t} | {p_text(r['p'])} | {r['verdict']} |"
         )
     (out / "verdicts.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'verdicts.json'} {out / 'verdicts.md'}")
 
 
-def fill_readme(path: Path, report: Report) -> None:
-    """Replaces every `<!-- generated: NAME -->` ... `<!-- end generated -->` block of the report's README
-    with the generated block NAME (`rule` is the verdict rule)."""
-    if not path.is_file():
-        return
+def fill_pages(out: Path, report: Report) -> List[Path]:
+    """Replaces every `<!-- generated: NAME -->` ... `<!-- end generated -->` block of every page (`*.md`) of the
+    report's folder with the generated block NAME (`rule` is the verdict rule), whichever page holds it. Returns
+    the pages that hold a generated block."""
     blocks = {"rule": [RULE], **report.blocks}
-    text, done = path.read_text(), []
+    filled = []
+    for path in sorted(out.glob("*.md")):
+        text, done = path.read_text(), []
 
-    def fill(match: "re.Match[str]") -> str:
-        name = match.group(1)
-        if name not in blocks:
-            return match.group(0)
-        done.append(name)
-        return f"<!-- generated: {name} -->\n" + "\n".join(blocks[name]) + "\n<!-- end generated -->"
+        def fill(match: "re.Match[str]") -> str:
+            name = match.group(1)
+            if name not in blocks:
+                return match.group(0)
+            done.append(name)
+            return f"<!-- generated: {name} -->\n" + "\n".join(blocks[name]) + "\n<!-- end generated -->"
 
-    text = re.sub(r"<!-- generated: (\S+) -->\n.*?<!-- end generated -->", fill, text, flags=re.S)
-    path.write_text(text)
-    print(f"filled {path}: {', '.join(done) or 'no generated blocks'}")
+        new = re.sub(r"<!-- generated: (\S+) -->\n.*?<!-- end generated -->", fill, text, flags=re.S)
+        if "<!-- generated: " not in text:
+            continue
+        if new != text:
+            path.write_text(new)
+        filled.append(path)
+        print(f"filled {path}: {', '.join(done) or 'no block of this report'}")
+    return filled
 
 
 def main(args: Args) -> None:
@@ -1248,7 +1373,7 @@ def report(args: Args) -> None:
     for path in args.mark_blank:
         mark_blank_panels(Path(path))
     write_verdicts(rep, out)
-    fill_readme(out / "README.md", rep)
+    fill_pages(out, rep)
 
 
 if __name__ == "__main__":
