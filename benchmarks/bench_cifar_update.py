@@ -8,15 +8,21 @@ the loop of `cifar_fpo.train` (with a run folder that writes nothing) and `cifar
 Modes: `fp32`, `tf32`, `bf16` (eager, `--precision`), and `tf32+compile`, `bf16+compile` (the fast
 path: `--compile --reuse-old-losses`, the old losses taken from the current forward). `peer-<precision>` is
 the naive baseline: diffusers' own `UNet2DModel` run eagerly through Algorithm 1 as written (frozen
-copy, separate old-loss forward, 128-image validation chunks); it needs diffusers installed. Each
-mode's "vs peer" column is the peer's ms/update at the same precision (bf16 for the compiled modes
-when measured, else the fastest peer) divided by the mode's.
+copy, separate old-loss forward, 128-image validation chunks); `peer-tf32+compile` and `peer-bf16+compile`
+are the fair peers: the same, with both diffusers networks through `torch.compile` (and cuDNN autotuning),
+as a user of diffusers would speed it up. The peer modes need diffusers installed (on a GPU machine without
+a package index: `DIFFUSERS=1 ROBOT=0 bash benchmarks/gpu_bundle.sh DIR`). Each mode's "vs peer" column
+is the ms/update of the peer of the same precision and compilation divided by the mode's; when that peer
+was not measured, the eager peer of the same precision, else the fastest peer (the column names it).
 
-The network is the paper's U-Net layout (google/ddpm-cifar10-32 style, 35.7M parameters) with random
-weights, so no download is needed; speed does not depend on the weights.
+`--model paper` (the default) times the paper's U-Net layout (google/ddpm-cifar10-32 style, 35.7M
+parameters): the trained weights in weights/cfm-cifar10-35m when they are there, else random weights, so
+no download is needed; speed does not depend on the weights. `--model` also takes a diffusers folder or a
+Hugging Face repo id (e.g. weights/cfm-cifar10-small).
 
     python benchmarks/bench_cifar_update.py                                  # eager modes
     python benchmarks/bench_cifar_update.py --modes peer-tf32 tf32 bf16+compile --breakdown
+    python benchmarks/bench_cifar_update.py --modes bf16+compile peer-bf16+compile tf32+compile peer-tf32+compile
     python benchmarks/bench_cifar_update.py --modes fp32 --updates 5 --device cpu
 
 Prints ms/update (with amortised validation), achieved TFLOP/s (forward-equivalents actually
@@ -42,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cifar_fpo  # noqa: E402
 from fpo_utils import cifar_graphs  # noqa: E402
 from fpo_utils.devices import pick_device  # noqa: E402
+from fpo_utils.unet import WEIGHTS_NAMES, resolve_model  # noqa: E402
+from fpo_utils.unet import model_folder as unet_folder  # noqa: E402
 
 PAPER_UNET = {
     "_class_name": "UNet2DModel",
@@ -74,13 +82,30 @@ DENSE_BF16_PEAK = {
     "A100": 312.0,
 }
 INDUCTOR_SETTINGS = ("default", "coord", "max-autotune")
-MODES = ("fp32", "tf32", "bf16", "tf32+compile", "bf16+compile", "peer-fp32", "peer-tf32", "peer-bf16")
+MODES = (
+    "fp32",
+    "tf32",
+    "bf16",
+    "tf32+compile",
+    "bf16+compile",
+    "peer-fp32",
+    "peer-tf32",
+    "peer-bf16",
+    "peer-tf32+compile",
+    "peer-bf16+compile",
+)
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_WEIGHTS = ROOT / "weights" / "cfm-cifar10-35m"  # the paper layout pretrained by scripts/pretrain_cfm.py
 
 
 @dataclass
 class Args:
     modes: Tuple[str, ...] = ("fp32", "tf32", "bf16")
-    """Modes to time, in order: fp32, tf32, bf16, tf32+compile, bf16+compile, peer-fp32, peer-tf32, peer-bf16."""
+    """Modes to time, in order: fp32, tf32, bf16, tf32+compile, bf16+compile, peer-fp32, peer-tf32, peer-bf16,
+    peer-tf32+compile, peer-bf16+compile."""
+    model: str = "paper"
+    """The network: paper (the paper's layout: weights/cfm-cifar10-35m if there, else random weights), or a
+    diffusers folder or Hugging Face repo id."""
     updates: int = 10
     """Timed updates per mode (after `warmup` updates)."""
     warmup: int = 3
@@ -164,7 +189,8 @@ class NullFolder:
 
 
 def make_run(mode: str, folder: str, args: Args, device):
-    """A cifar_fpo Run for one mode; peer modes swap in diffusers' UNet2DModel, eager, as written."""
+    """A cifar_fpo Run for one mode; peer modes swap in diffusers' UNet2DModel through Algorithm 1 as written,
+    eager or (`+compile`) with the network and its frozen copy through torch.compile."""
     peer = mode.startswith("peer-")
     precision = mode.split("+")[0].replace("peer-", "")
     compiled = mode.endswith("+compile")
@@ -175,8 +201,8 @@ def make_run(mode: str, folder: str, args: Args, device):
             reward=args.reward,
             device=str(device),
             precision=precision,
-            compile=compiled,
-            reuse_old_losses=compiled,
+            compile=compiled and not peer,
+            reuse_old_losses=compiled and not peer,
             batch_size=args.batch_size,
             sample_steps=args.sample_steps,
             calib_bank_size=64,
@@ -191,13 +217,41 @@ def make_run(mode: str, folder: str, args: Args, device):
         from diffusers import UNet2DModel
 
         net = DiffusersNet(UNet2DModel.from_pretrained(folder).to(device)).train()
+        old = copy.deepcopy(net).eval().requires_grad_(False)
+        if compiled:  # in place (Module.compile): the loop's load_state_dict into the frozen copy still works
+            torch.backends.cudnn.benchmark = True
+            net.compile(dynamic=False)
+            old.compile(dynamic=False)
         run.net = run.fwd = net
-        run.old_net = copy.deepcopy(net).eval().requires_grad_(False)
+        run.old_net = old
         run.sampler = cifar_graphs.eval_sampler(
             cifar_fpo.sample_images, net, net, args.sample_steps, run.convention, run.autocast
         )
         run.optimizer = torch.optim.Adam(net.parameters(), lr=run.args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     return run
+
+
+def model_folder(model: str, tmp: str) -> str:
+    """The folder `--model` names: for paper, weights/cfm-cifar10-35m when its weights are there, else random
+    weights of the paper layout saved in `tmp`."""
+    if model == "paper":
+        if (PAPER_WEIGHTS / WEIGHTS_NAMES[0]).is_file():
+            return str(PAPER_WEIGHTS)
+        torch.manual_seed(0)
+        cifar_fpo.save_unet(cifar_fpo.UNet2D.from_config(PAPER_UNET), tmp, dtype=torch.float32)
+        return tmp
+    return str(unet_folder(resolve_model(model)))
+
+
+def peer_for(mode: str, measured: dict) -> Optional[str]:
+    """The peer mode whose ms/update `mode`'s "vs peer" divides: the peer of the same precision and compilation,
+    else the eager peer of the same precision, else the fastest peer measured (None when no peer was)."""
+    key = mode.replace("peer-", "")
+    for name in (f"peer-{key}", f"peer-{key.split('+')[0]}"):
+        if name in measured:
+            return name
+    peers = [m for m in measured if m.startswith("peer-")]
+    return min(peers, key=measured.get) if peers else None
 
 
 def run_updates(run, n: int):
@@ -291,9 +345,8 @@ def main(args: Args):
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        torch.manual_seed(0)
-        net = cifar_fpo.UNet2D.from_config(PAPER_UNET)
-        cifar_fpo.save_unet(net, tmp, dtype=torch.float32)
+        folder = model_folder(args.model, tmp)
+        net = cifar_fpo.load_unet(folder)
         gflop = forward_gflop(net.to(device), device)
         params = sum(p.numel() for p in net.parameters())
         del net
@@ -306,32 +359,30 @@ def main(args: Args):
                     print(f"skip {mode}: diffusers is not installed", flush=True)
                     continue
             try:
-                rows.append(time_mode(mode, tmp, args, device, gflop, peak))
+                rows.append(time_mode(mode, folder, args, device, gflop, peak))
             except Exception as err:  # report and go on with the other modes
                 print(f"FAILED {mode}: {type(err).__name__}: {err}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    peers = {r["mode"][5:]: r["ms_per_update"] for r in rows if r["mode"].startswith("peer-")}
+    ms = {r["mode"]: r["ms_per_update"] for r in rows}
     for r in rows:
-        prec = r["mode"].replace("peer-", "").split("+")[0]
-        ref = peers.get("bf16" if r["mode"].endswith("+compile") and "bf16" in peers else prec)
-        ref = ref if ref is not None else (min(peers.values()) if peers else None)
-        r["vs_peer"] = ref / r["ms_per_update"] if ref else None
+        r["peer"] = peer_for(r["mode"], ms)
+        r["vs_peer"] = ms[r["peer"]] / r["ms_per_update"] if r["peer"] else None
     print(
         f"\ndevice: {name}   torch {torch.__version__}   U-Net {params:,} params, {gflop:.2f} GFLOP/image fwd   "
         f"inductor: {args.inductor}"
     )
     print(f"update: batch {n} x {s} Euler steps, 4 draws, Adam; validation 512 x {s} steps every 20 updates")
     print(
-        f"{'mode':>13} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
-        f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | {'vs peer':>7}"
+        f"{'mode':>17} | {'update ms':>9} | {'validation ms':>13} | {'ms/update (amortised)':>21} | "
+        f"{'TFLOP/s':>7} | {'% bf16 peak':>11} | vs peer"
     )
     for r in rows:
         frac = f"{100 * r['peak_frac']:.1f}" if r["peak_frac"] is not None else "-"
-        vs = f"{r['vs_peer']:.2f}x" if r["vs_peer"] else "-"
+        vs = f"{r['vs_peer']:.2f}x ({r['peer']})" if r["vs_peer"] else "-"
         print(
-            f"{r['mode']:>13} | {r['update_ms']:9.1f} | {r['validation_ms']:13.1f} | {r['ms_per_update']:21.1f} | "
-            f"{r['tflops']:7.1f} | {frac:>11} | {vs:>7}"
+            f"{r['mode']:>17} | {r['update_ms']:9.1f} | {r['validation_ms']:13.1f} | {r['ms_per_update']:21.1f} | "
+            f"{r['tflops']:7.1f} | {frac:>11} | {vs}"
         )
     if args.json:
         Path(args.json).write_text(

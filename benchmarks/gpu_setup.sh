@@ -6,7 +6,8 @@
 _b=${1:?usage: source benchmarks/gpu_setup.sh DIR}
 "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$_b"/whl/*.whl 2>&1 | grep -v WARNING
 mkdir -p /tmp/so /tmp/sp /tmp/ep
-# a DIR with whl/ alone is enough for CIFAR grids (halving.py cifar-grid): the robot parts are skipped when absent
+# a DIR with whl/ alone (gpu_bundle.sh with ROBOT=0) is enough for CIFAR grids (halving.py cifar-grid), the CIFAR
+# benchmarks (with DIFFUSERS=1 their diffusers peers too) and pretrain_cfm.py: the robot parts are skipped when absent
 if [ -f "$_b/pg/site_ours.tar.xz" ]; then tar xJf "$_b/pg/site_ours.tar.xz" -C /tmp/so; fi
 if [ -f "$_b/pg/site_peer.tar.xz" ]; then tar xJf "$_b/pg/site_peer.tar.xz" -C /tmp/sp; fi
 if [ -f "$_b/envpool.tar.gz" ]; then tar xzf "$_b/envpool.tar.gz" -C /tmp/ep; fi

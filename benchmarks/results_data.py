@@ -35,6 +35,7 @@ RAW = (
     "benchmarks/halving_results/*/arms/**",  # per-run folders
     "benchmarks/robot_results/playground/blocks/*/**",
     "benchmarks/**/*.metrics.jsonl",  # per-run metrics kept beside a page
+    "weights/cfm-cifar10-35m/diffusion_pytorch_model.safetensors",  # the paper-layout weights (71.5 MB)
 )
 
 
@@ -184,7 +185,8 @@ def publish(message: str, remote: str) -> int:
     if git("diff", "--cached", "--quiet", check=False).returncode != 0:
         sys.exit("error: the index holds staged changes; commit or unstage them first (publish makes its own commit)")
     recorded = {p: b for p, b, _ in raw_files(base, [])}
-    out = git("ls-files", "--others", "--ignored", "--exclude-standard", "-z", "--", "benchmarks").stdout.decode()
+    tops = sorted({glob.split("/")[0] for glob in RAW})  # the folders raw files live under
+    out = git("ls-files", "--others", "--ignored", "--exclude-standard", "-z", "--", *tops).stdout.decode()
     new = [p for p in filter(None, out.split("\0")) if is_raw(p) and not p.endswith(".part")]
     changed = [p for p, b in zip(new, blobs(new)) if recorded.get(p) != b]
     if not changed:

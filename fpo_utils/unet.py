@@ -11,8 +11,6 @@ import json
 import math
 import os
 import re
-import socket
-import urllib.parse
 from pathlib import Path
 
 import torch
@@ -414,7 +412,7 @@ def velocity(net: nn.Module, x_t: torch.Tensor, t: torch.Tensor | float, convent
     raise ValueError(f"convention={convention!r} is not supported; allowed: {list(CONVENTIONS)}")
 
 
-def _model_folder(path: str | os.PathLike) -> Path:
+def model_folder(path: str | os.PathLike) -> Path:
     """The folder holding config.json: ``path`` itself or its ``unet/`` subfolder (pipelines)."""
     path = Path(path)
     for folder in (path, path / "unet"):
@@ -442,7 +440,7 @@ def load_unet(
     """Load a diffusers ``UNet2DModel`` folder (``config.json`` + ``diffusion_pytorch_model``
     ``.safetensors`` or ``.bin``; a pipeline folder's ``unet/`` also works) into `UNet2D`, strictly.
     The network is returned in eval mode on ``device`` in ``dtype``."""
-    folder = _model_folder(path)
+    folder = model_folder(path)
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -450,7 +448,7 @@ def load_unet(
     net = UNet2D.from_config(config)
     files = [folder / n for n in WEIGHTS_NAMES if (folder / n).is_file()]
     if not files:
-        raise _bad_file(f"no weights in {str(folder)!r}; expected one of {list(WEIGHTS_NAMES)}")
+        raise _bad_file(_no_weights_message(folder))
     try:
         if files[0].suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -472,6 +470,16 @@ def load_unet(
     return net.to(device=device, dtype=dtype).eval()
 
 
+def _no_weights_message(folder: Path) -> str:
+    """Why a folder with a config.json cannot load; for a ``weights/<name>`` folder (whose weights file this
+    repository keeps on its results-data branch) also the command that fetches it."""
+    message = f"no weights in {str(folder)!r}; expected one of {list(WEIGHTS_NAMES)}"
+    model = folder.parent if folder.name == "unet" else folder
+    if model.parent.name == "weights":
+        message += f"; fetch them with: python benchmarks/results_data.py fetch weights/{model.name}"
+    return message
+
+
 def _bad_file(message: str) -> Exception:
     """A missing or corrupt model file: RunError with the bad-file exit code (one line on the CLI)."""
     from fpo_utils.runfolder import EXIT_BAD_FILE, RunError
@@ -481,37 +489,28 @@ def _bad_file(message: str) -> Exception:
 
 def save_unet(net: UNet2D, folder: str | os.PathLike, dtype: torch.dtype = torch.float16, **extra_config) -> Path:
     """Write ``net`` as a diffusers folder: ``config.json`` (with ``fpo_convention`` and any
-    ``extra_config`` entries) and ``diffusion_pytorch_model.safetensors`` in ``dtype``."""
+    ``extra_config`` entries, which override the network's own config) and
+    ``diffusion_pytorch_model.safetensors`` in ``dtype``. Each file is written to a temporary name,
+    flushed and renamed (`fpo_utils.runfolder.atomic_write`), so a crash leaves the old file or the new one."""
     from safetensors.torch import save_file
+
+    from fpo_utils.runfolder import atomic_write, atomic_write_text
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"_class_name": "UNet2DModel", **net.config, CONVENTION_KEY: net.convention, **extra_config}
     check_unet_config(config)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_NAMES[0]), metadata={"format": "pt"})
+    atomic_write(folder / WEIGHTS_NAMES[0], lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+    atomic_write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return folder
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection(
-            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
-        ).close()
-        return True
-    except OSError:
-        return False
 
 
 def resolve_model(model: str) -> str:
     """Local folder for ``model``: an existing folder as is; else a Hugging Face repo id
     ``owner/name``, looked up as ``./weights/<name>`` (next to this file or in the working
-    directory) and otherwise downloaded with ``huggingface_hub`` when the hub is reachable."""
+    directory) and otherwise through ``huggingface_hub.snapshot_download``, which reads its local cache
+    (also with ``HF_HUB_OFFLINE=1``), honours proxy settings, and downloads what the cache lacks."""
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser())
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model) or model.startswith((".", "/", "~")):
@@ -524,8 +523,6 @@ def resolve_model(model: str) -> str:
         if (folder / "config.json").is_file() or (folder / "unet" / "config.json").is_file():
             return str(folder)
     hint = f"download {model} into ./weights/{name} (config.json + diffusion_pytorch_model.safetensors)"
-    if not _hub_reachable():
-        raise ValueError(f"{model!r} is neither a local folder nor reachable on the Hugging Face hub; {hint}")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
@@ -534,4 +531,10 @@ def resolve_model(model: str) -> str:
         ) from None
     files = ["config.json", "diffusion_pytorch_model.safetensors"]
     patterns = files + [f"unet/{f}" for f in files]
-    return snapshot_download(repo_id=model, allow_patterns=patterns)
+    try:
+        return snapshot_download(repo_id=model, allow_patterns=patterns)
+    except Exception as err:  # offline with no cached copy, no such repo, no network, a proxy refusing, ...
+        raise ValueError(
+            f"{model!r} is neither a local folder nor in the Hugging Face cache, and the hub did not serve it"
+            f" ({type(err).__name__}); {hint}"
+        ) from None

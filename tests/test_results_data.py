@@ -59,6 +59,30 @@ def test_raw_patterns_match_by_path_as_gitignore_does():
     assert not results_data.is_raw("benchmarks/robot_results/playground/blocks/blocks_h200_run_a.json")
     assert not results_data.is_raw("benchmarks/robot_results/legged/README.md")
     assert not results_data.is_raw("weights/data/x")
+    assert results_data.is_raw("weights/cfm-cifar10-35m/diffusion_pytorch_model.safetensors")
+    assert not results_data.is_raw("weights/cfm-cifar10-small/diffusion_pytorch_model.safetensors")  # shipped
+    assert not results_data.is_raw("weights/cfm-cifar10-35m/config.json")
+
+
+def test_gitignore_ignores_the_raw_weights_and_not_the_shipped_ones():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git clone")
+    paths = {
+        "weights/cfm-cifar10-35m/diffusion_pytorch_model.safetensors": True,
+        "weights/cfm-cifar10-35m/config.json": False,
+        "weights/cfm-cifar10-small/diffusion_pytorch_model.safetensors": False,
+        "benchmarks/pretrain_results/data/lease1/train_state.pt.00": True,
+        "benchmarks/pretrain_results/README.md": False,
+    }
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin", "-z"],
+        input="\0".join(paths) + "\0",
+        capture_output=True,
+        text=True,
+    )
+    ignored = {p for p in r.stdout.split("\0") if p}
+    assert {p for p, raw in paths.items() if raw} == ignored
+    assert all(results_data.is_raw(p) == raw for p, raw in paths.items())
 
 
 @needs_commit
@@ -160,6 +184,7 @@ def run(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @needs_commit
 def test_fetch_into_a_shallow_clone_puts_the_raw_files_where_the_pages_name_them(tmp_path):
     repo = clone(ROOT, tmp_path / "shallow", "--depth", "1", "--single-branch", "--no-local")
@@ -189,6 +214,7 @@ def test_fetch_into_a_shallow_clone_puts_the_raw_files_where_the_pages_name_them
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "benchmarks/nothing_here" in r.stderr
 
 
+@pytest.mark.slow
 @needs_commit
 def test_publish_records_new_raw_files_on_the_branch_and_in_mains_history(tmp_path):
     origin = clone(ROOT, tmp_path / "origin")  # a full clone (hard links), standing for the published repository
@@ -198,12 +224,16 @@ def test_publish_records_new_raw_files_on_the_branch_and_in_mains_history(tmp_pa
     new = origin / "benchmarks" / "robot_results" / "legged" / "data" / "partNEW" / "study.tar.gz.00"
     new.parent.mkdir(parents=True)
     new.write_bytes(os.urandom(1000))
+    weights = origin / "weights" / "cfm-cifar10-35m" / "diffusion_pytorch_model.safetensors"  # raw outside benchmarks/
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(os.urandom(1000))
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
     env["GIT_COMMITTER_EMAIL"] = "t@t"
     cmd = [sys.executable, str(origin / "benchmarks" / "results_data.py"), "publish", "-m", "partNEW"]
     r = subprocess.run(cmd, cwd=origin, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "published benchmarks/robot_results/legged/data/partNEW/study.tar.gz.00" in r.stdout
+    assert "published weights/cfm-cifar10-35m/diffusion_pytorch_model.safetensors" in r.stdout
     data = git("rev-parse", "results-data", cwd=origin).strip()
     assert data != COMMIT and git("rev-parse", f"{data}^", cwd=origin).strip() == COMMIT
     assert json.loads((origin / "benchmarks" / "results_data.json").read_text())["commit"] == data

@@ -6,6 +6,7 @@ both networks must agree on random images and random fractional timesteps.
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,19 +234,88 @@ def test_sigma_convention_matches_diffusers_flow_sampler():
     assert_same(x, x_ref)
 
 
+def no_network(monkeypatch):
+    """Offline mode for huggingface_hub (already imported or not) and a guard that fails any connection."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("this test allows no network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = pytest.importorskip("huggingface_hub", reason="the hub look-ups need huggingface_hub (diffusers brings it)")
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    return hub
+
+
 def test_resolve_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(cf, "_hub_reachable", lambda timeout=3.0: False)
+    hub = no_network(monkeypatch)
+    monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         cf.resolve_model(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match=r"download someone/no-such-model-x1 into ./weights/no-such-model-x1") as err:
         cf.resolve_model("someone/no-such-model-x1")
-    assert "\n" not in str(err.value)
+    # one line, naming why the hub gave nothing
+    assert "\n" not in str(err.value) and "LocalEntryNotFoundError" in str(err.value)
     folder = tmp_path / "weights" / "no-such-model-x1"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     assert cf.resolve_model("someone/no-such-model-x1") == str(folder)
     assert cf.resolve_model(str(folder)) == str(folder)
+
+
+def test_resolve_model_reads_the_hugging_face_cache_offline(tmp_path, monkeypatch):
+    """A model already in the local Hugging Face cache resolves and loads with HF_HUB_OFFLINE=1 and no network."""
+    hub = no_network(monkeypatch)
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    net = cf.UNet2D.from_config(SMALL).eval()
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--someone--tiny-cached-unet"
+    cf.save_unet(net, repo / "snapshots" / rev, dtype=torch.float32)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    folder = cf.resolve_model("someone/tiny-cached-unet")
+    assert Path(folder) == repo / "snapshots" / rev
+    x, t = inputs(16)
+    with torch.no_grad():
+        assert torch.equal(cf.load_unet(folder)(x, t), net(x, t))
+    with pytest.raises(ValueError, match="someone/not-cached") as err:
+        cf.resolve_model("someone/not-cached")
+    assert "\n" not in str(err.value) and "./weights/not-cached" in str(err.value)
+
+
+def test_weights_folder_without_weights_names_the_fetch_command(tmp_path):
+    """A weights/<name> folder whose weights file is kept on the results-data branch says how to fetch it."""
+    from fpo_utils.runfolder import EXIT_BAD_FILE, RunError
+
+    folder = tmp_path / "weights" / "cfm-big"
+    cf.save_unet(cf.UNet2D.from_config(SMALL), folder)
+    (folder / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(RunError) as err:
+        cf.load_unet(folder)
+    assert err.value.code == EXIT_BAD_FILE and "\n" not in str(err.value)
+    assert str(err.value).endswith("fetch them with: python benchmarks/results_data.py fetch weights/cfm-big")
+    elsewhere = tmp_path / "mine"
+    cf.save_unet(cf.UNet2D.from_config(SMALL), elsewhere)
+    (elsewhere / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(RunError, match="no weights in") as err:
+        cf.load_unet(elsewhere)
+    assert "results_data.py" not in str(err.value)
+
+
+def test_save_unet_leaves_no_temporary_file_and_overrides_config(tmp_path):
+    net = cf.UNet2D.from_config({**SMALL, "dropout": 0.1})
+    cf.save_unet(net, tmp_path, dropout=0.0, _fpo_pretrain={"dropout": 0.1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "diffusion_pytorch_model.safetensors"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["dropout"] == 0.0 and config["_fpo_pretrain"] == {"dropout": 0.1}
+    assert cf.load_unet(tmp_path).config["dropout"] == 0.0
 
 
 @pytest.mark.parametrize(
