@@ -26,7 +26,7 @@ import torch
 from fpo_utils import cifar_graphs
 from fpo_utils.cifar_metrics import TAGS, plot_validation, update_line, update_row, update_values
 from fpo_utils.devices import PRECISIONS, autocast_ctx, pick_device, set_precision, to_device  # noqa: F401
-from fpo_utils.runfolder import RunFolder, cli
+from fpo_utils.runfolder import RunFolder, cli, resume_mode
 from fpo_utils.settings import check_at_least, check_divisible, check_finite, check_literals, subset
 from fpo_utils.unet import (  # noqa: F401  (load_unet, save_unet, UNet2D are this module's public API too)
     CONVENTIONS,
@@ -54,6 +54,8 @@ class Args:
     """Where run folders are written."""
     resume: bool = False
     """Continue `runs_dir/run_name` from its checkpoint; the result equals an uninterrupted run's."""
+    resume_or_start: bool = False
+    """Continue `runs_dir/run_name` if it has a checkpoint, else start it (for queues of runs)."""
     device: str = "auto"
     """auto (CUDA when available), cpu, cuda or cuda:N."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
@@ -194,7 +196,7 @@ PRESETS = {
 # Settings --resume accepts with a new value; any other difference is refused.
 MAY_CHANGE = (
     "num_updates", "until", "device", "verbose", "save_samples", "track", "wandb_project_name", "wandb_entity",
-    "checkpoint_every", "runs_dir", "run_name", "resume",
+    "checkpoint_every", "runs_dir", "run_name", "resume", "resume_or_start",
 )
 # fmt: on
 
@@ -651,7 +653,7 @@ def train(run: Run, rf: RunFolder) -> Dict[str, Any]:
 def open_folder(args: Args) -> RunFolder:
     """The run folder of resolved `args`: a fresh one, or the folder `--resume` continues."""
     tracking = subset(args, "track", "wandb_project_name", "wandb_entity")
-    return RunFolder(args.runs_dir, args.run_name, args, resume=args.resume, may_change=MAY_CHANGE, **tracking)
+    return RunFolder(args.runs_dir, args.run_name, args, resume_mode(args), may_change=MAY_CHANGE, **tracking)
 
 
 def start(args: Args, rf: RunFolder) -> Run:

@@ -23,7 +23,7 @@ import torch.nn as nn
 from fpo_utils import legged  # command tracking of the legged joystick tasks
 from fpo_utils import robot_bookkeeping as book  # argument checks, checkpoints, statistics rows
 from fpo_utils.envs import RunningMeanStd, env_settings, normalize_obs, segment_seed
-from fpo_utils.runfolder import NonFiniteLoss, RunFolder, cli
+from fpo_utils.runfolder import NonFiniteLoss, RunFolder, cli, resume_mode
 from weighting import fpo_weight_at, fpopp_weight, linear_schedule
 
 FPO_GRID_SIZE = 10  # s in {0.1, ..., 1.0}, app:robotics
@@ -38,6 +38,7 @@ class Args:
     run_name: str = ""  # run folder name (default ``<env>__<objective>__<alpha>__<preset>__<seed>``)
     seed: int = 1  # seed of the experiment
     resume: bool = False  # continue the run in ``runs/<run_name>`` from its checkpoint
+    resume_or_start: bool = False  # continue the run if it has a checkpoint, else start it (queues of runs)
     track: bool = False  # also send the scalars to Weights & Biases
     cuda: bool = True  # use the GPU for the networks when one is present
     tf32: bool = True  # TF32 matrix products on CUDA (JAX's default on GPUs, so the official FPO code's)
@@ -150,7 +151,7 @@ PRESETS["fpopp-locomotion"] = replace(
 # Settings --resume may change (total_timesteps moves --anneal-lr's horizon; evaluations draw no training randomness).
 MAY_CHANGE = (
     "total_timesteps", "num_updates", "resume", "track", "cuda", "tf32", "torch_threads", "env_threads",
-    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every", "env_reset", "eval_other",
+    "keep_checkpoints", "runs_dir", "eval_every", "checkpoint_every", "env_reset", "eval_other", "resume_or_start",
 )
 # fmt: on
 
@@ -517,7 +518,7 @@ def main(
     batch_size = args.num_envs * args.num_steps
     num_updates = args.num_updates or max(1, args.total_timesteps // batch_size)
     ckpt_every = args.checkpoint_every or args.eval_every
-    rf = RunFolder(args.runs_dir, book.default_run_name(args), args, args.resume, may_change, args.track)
+    rf = RunFolder(args.runs_dir, book.default_run_name(args), args, resume_mode(args), may_change, args.track)
     device = book.seed_and_device(args)  # seeds torch and numpy; threads, TF32, the device
     with rf:
         state = build(args, device)
@@ -583,9 +584,8 @@ def main(
             if args.restart_every and state.update % args.restart_every == 0:
                 reset_envs(state, args.seed)  # before the checkpoint, so a resumed run starts the same episodes
             if state.update % ckpt_every == 0 or state.update == num_updates:
-                rf.save_checkpoint(payload := book.checkpoint_payload(state))
-                if args.keep_checkpoints:
-                    torch.save(payload, rf.path / "checkpoints" / f"update_{state.update:06d}.pt")
+                keep = f"update_{state.update:06d}.pt" if args.keep_checkpoints else None
+                rf.save_checkpoint(book.checkpoint_payload(state), keep_as=keep)
                 summary("running")
                 if rf.stop_requested and state.update < num_updates:  # a checkpoint boundary: exact resume
                     status, reason = "interrupted", f"{rf.signal_name} at update {state.update}"

@@ -44,7 +44,6 @@ import functools
 import importlib.metadata
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -55,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fpo_utils.envs import parse_reward_scales  # noqa: E402
-from fpo_utils.runfolder import RunError  # noqa: E402
+from fpo_utils.runfolder import RunError, atomic_write  # noqa: E402
 
 TABLE_TERMS = ("tracking_lin_vel", "tracking_ang_vel", "feet_phase")  # --table's columns, where the task has them
 
@@ -158,9 +157,12 @@ def save_params(path: Path, params, env_steps: int, meta: dict) -> None:
 
     leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]
     arrays = {jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves}
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, meta=json.dumps(dict(meta, env_steps=int(env_steps))), **arrays)
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a path
+            np.savez(f, meta=json.dumps(dict(meta, env_steps=int(env_steps))), **arrays)
+
+    atomic_write(path, write)
 
 
 def load_params(path: Path):

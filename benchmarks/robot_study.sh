@@ -14,7 +14,7 @@
 #   CHECKPOINTS=1 bash benchmarks/robot_study.sh collect DIR DEST   # also each run's last checkpoint, without its
 #                                                       # environments' state (benchmarks/portable_checkpoints.py)
 #   bash benchmarks/robot_study.sh restore SRC DIR      # SRC's study.tar.gz (or parts) -> the runs in DIR/runs, each
-#                                                       # with its checkpoint, for plan lines with --resume
+#                                                       # with its checkpoint, for plan lines with --resume-or-start
 #
 # PLANFILE: one run a line, `QUEUE NAME COMMAND...` (# comments and blank lines ignored). Each queue
 # runs its lines in order; a failing line does not stop it. COMMAND runs through `bash -c` from the

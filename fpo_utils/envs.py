@@ -80,6 +80,31 @@ __all__ = [
 Backend = Literal["auto", "envpool", "gymnasium", "playground"]
 ENVPOOL_MODULES = ("envpool.mujoco.gym", "envpool.mujoco.dmc", "envpool.mujoco.playground")  # + Playground ports
 
+# The ids (all "-v1") that envpool 1.2.5 has and gymnasium does not, so that asking for one without envpool
+# names the extra to install: its DeepMind Control tasks, and its MuJoCo Playground ports (also under
+# "MuJoCoPlayground/"). A test checks this table against envpool's registry where envpool is installed.
+ENVPOOL_DMC = """
+    AcrobotSwingup AcrobotSwingupSparse BallInCupCatch CartpoleBalance CartpoleBalanceSparse CartpoleSwingup
+    CartpoleSwingupSparse CartpoleThreePoles CartpoleTwoPoles CheetahRun DogFetch DogRun DogStand DogTrot
+    DogWalk FingerSpin FingerTurnEasy FingerTurnHard FishSwim FishUpright HopperHop HopperStand HumanoidCMURun
+    HumanoidCMUStand HumanoidCMUWalk HumanoidRun HumanoidRunPureState HumanoidStand HumanoidWalk LqrLqr21
+    LqrLqr62 ManipulatorBringBall ManipulatorBringPeg ManipulatorInsertBall ManipulatorInsertPeg
+    PendulumSwingup PointMassEasy PointMassHard QuadrupedEscape QuadrupedFetch QuadrupedRun QuadrupedWalk
+    ReacherEasy ReacherHard StackerStack2 StackerStack4 SwimmerSwimmer15 SwimmerSwimmer6 WalkerRun WalkerStand
+    WalkerWalk
+""".split()
+ENVPOOL_PLAYGROUND = """
+    AeroCubeRotateZAxis AlohaHandOver AlohaSinglePegInsertion ApolloJoystickFlatTerrain BarkourJoystick
+    BerkeleyHumanoidJoystickFlatTerrain BerkeleyHumanoidJoystickRoughTerrain G1JoystickFlatTerrain
+    G1JoystickRoughTerrain Go1Footstand Go1Getup Go1Handstand Go1JoystickFlatTerrain Go1JoystickRoughTerrain
+    H1InplaceGaitTracking H1JoystickGaitTracking LeapCubeReorient LeapCubeRotateZAxis Op3Joystick
+    PandaOpenCabinet PandaPickCube PandaPickCubeCartesian PandaPickCubeOrientation PandaRobotiqPushCube
+    SpotFlatTerrainJoystick SpotGetup SpotJoystickGaitTracking T1JoystickFlatTerrain T1JoystickRoughTerrain
+""".split()
+ENVPOOL_ONLY_IDS = frozenset(
+    f"{prefix}{name}-v1" for prefix in ("", "MuJoCoPlayground/") for name in ENVPOOL_PLAYGROUND
+) | frozenset(f"{name}-v1" for name in ENVPOOL_DMC)
+
 
 def envpool_ids() -> list[str]:
     """The continuous-control ids envpool offers here (empty when envpool is not installed)."""
@@ -114,6 +139,8 @@ def resolve_backend(env_id: str, backend: Backend) -> str:
     import gymnasium as gym
 
     if ":" not in env_id and env_id not in gym.registry:
+        if env_id in ENVPOOL_ONLY_IDS and not pool_ids:
+            raise RunError(f"env id {env_id!r} runs on envpool, which is not installed: pip install -e '.[envpool]'")
         raise unknown_id(
             env_id, sorted(set(pool_ids) | set(gym.registry)), "a gymnasium or envpool id, or module:Name-v0"
         )

@@ -19,7 +19,7 @@ stderr and one of these exit codes:
     0    finished, paused at --until, or stopped early by the stopping rule
     2    bad argument (unknown value, unknown environment, refused overwrite, settings differ)
     3    the run went non-finite (its last good checkpoint is kept)
-    4    a model or checkpoint file is missing or corrupt
+    4    a model or checkpoint file is missing or corrupt (``--resume`` of a run that has none included)
     5    the output directory is not writable or full
     130  interrupted by Ctrl-C or SIGTERM (resume with --resume)
 """
@@ -27,6 +27,7 @@ stderr and one of these exit codes:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ import threading
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional
 
 import numpy as np
 import torch
@@ -106,13 +107,26 @@ def _io_error(what: Path, err: BaseException) -> RunError:
     return RunError(f"cannot write {what}: {reason}; free space or choose another --runs-dir", EXIT_IO)
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's entries') bytes to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Run `write(tmp)` and rename tmp over `path`; on failure remove tmp and keep the old file."""
+    """Run `write(tmp)`, fsync tmp, rename it over `path` and fsync the folder: after a crash or power loss
+    `path` holds the old file or the new one, whole. On failure tmp is removed and the old file kept."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(path.parent)
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as RuntimeError
         tmp.unlink(missing_ok=True)
         raise _io_error(path, err) from err
@@ -150,6 +164,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
+def resume_mode(args: Any) -> bool | Literal["or-start"]:
+    """RunFolder's `resume` from a trainer's `--resume` and `--resume-or-start` flags."""
+    return "or-start" if getattr(args, "resume_or_start", False) else bool(args.resume)
+
+
+def nothing_to_resume(runs_dir: Path, run_name: str) -> str:
+    """The one line for `--resume` of a run that has no checkpoint: where it looked, what is there."""
+    names = sorted(p.parent.parent.name for p in runs_dir.glob(f"*/{CHECKPOINT}")) if runs_dir.is_dir() else []
+    close = difflib.get_close_matches(run_name, names, n=5, cutoff=0.0)
+    there = f"runs that can be resumed there: {', '.join(close)}" if close else "no run there has a checkpoint"
+    return f"--resume: {runs_dir / run_name} has no checkpoint to continue ({there}); --resume-or-start starts it"
+
+
 # ---------------------------------------------------------------------------------------------
 # The run folder
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +184,9 @@ class RunFolder:
     """`runs_dir/run_name` for one run. Use it as a context manager around the training loop.
 
     `config` is the run's resolved settings (written to args.json), a mapping or the trainer's Args
-    dataclass; `may_change` names the settings that `--resume` accepts with a new value (the budget,
+    dataclass. `resume`: True continues the folder's checkpoint (and refuses a folder that has none),
+    "or-start" continues it where there is one and starts the run where not. `may_change` names the
+    settings that `--resume` accepts with a new value (the budget,
     logging and device flags): any other difference is refused with one line listing the names and
     both values. With an Args dataclass, a setting that the folder's args.json lacks (one the trainer
     gained after the run started) is accepted at its default value.
@@ -168,7 +197,7 @@ class RunFolder:
         runs_dir: str | os.PathLike,
         run_name: str,
         config: Mapping[str, Any],
-        resume: bool,
+        resume: bool | Literal["or-start"],
         may_change: Iterable[str] = (),
         track: bool = False,
         wandb_project_name: str = "fpo",
@@ -190,6 +219,8 @@ class RunFolder:
         self._summary: Optional[dict] = None
         self._handlers: dict = {}
         has_ckpt = self.ckpt_path.exists()
+        if resume is True and not has_ckpt:
+            raise RunError(nothing_to_resume(Path(runs_dir), run_name), EXIT_BAD_FILE)
         if has_ckpt and not resume:
             raise RunError(
                 f"run folder {self.path} already holds a checkpoint: pass --resume to continue it, "
@@ -304,10 +335,11 @@ class RunFolder:
             self._wandb = None
 
     # --- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, payload: Mapping[str, Any]) -> None:
-        """Atomically write `payload` plus every RNG state to checkpoints/last.pt."""
+    def save_checkpoint(self, payload: Mapping[str, Any], keep_as: Optional[str] = None) -> None:
+        """Atomically write `payload` plus every RNG state to checkpoints/last.pt (and to checkpoints/`keep_as`)."""
         state = {**payload, "rng": rng_state()}
-        atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
+        for path in [self.ckpt_path] + ([self.ckpt_path.with_name(keep_as)] if keep_as else []):
+            atomic_write(path, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self, map_location: Any = "cpu") -> dict:
         """Read checkpoints/last.pt and restore the RNG states it holds."""

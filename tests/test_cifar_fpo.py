@@ -305,8 +305,8 @@ def test_frozen_copy_is_theta_old(tiny_model, tmp_path):
         ("schedule", ["--alpha-early", "-3", "--alpha-late", "1", "--k0", "1", "--k1", "3"]),
         ("static-softmax", ["--eta", "1.0"]),
         ("static-direct", []),
-        ("online-ema", []),
-        ("online-refit", ["--refit-every", "2"]),
+        pytest.param("online-ema", [], marks=pytest.mark.slow),
+        pytest.param("online-refit", ["--refit-every", "2"], marks=pytest.mark.slow),
     ],
 )
 def test_every_weighting_runs(tiny_model, tmp_path, weighting, extra):
@@ -469,6 +469,7 @@ def test_cli_bad_weighting_is_one_line(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(tiny_model, tmp_path):
     flags = [
         *TINY_FLAGS,
@@ -535,6 +536,7 @@ def read_jsonl_safe(path):
     return out
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_status_and_keeps_checkpoint(tiny_model, tmp_path):
     # a huge learning rate drives the tiny model to non-finite losses within a few updates
     proc = run_script(

@@ -116,6 +116,7 @@ def assert_same_folder(alone: Path, packed: Path, sessions: int = 1):
     assert_close(ca["optimizer"]["state"], cp["optimizer"]["state"], f"{alone.name} Adam", atol=MOMENT_ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_packed_runs_equal_the_runs_alone(tiny_train, tmp_path, device, monkeypatch):
     monkeypatch.setattr(cifar_pack, "LOSS_IMAGES", 16)  # 2 runs per backward pass: chunks of 2, then 2 and 1
@@ -170,6 +171,7 @@ def test_written_out_group_norm_equals_torchs_and_serves_a_pack(tiny_train, tmp_
         assert_same_folder(tmp_path / "alone" / name, tmp_path / "packed" / name)
 
 
+@pytest.mark.slow
 def test_interrupted_pack_keeps_finished_runs_and_resumes_either_way(tiny_train, tmp_path, monkeypatch):
     runs = {"short": dict(seed=1, num_updates=2), "a": dict(seed=2, alpha=-1.0), "b": dict(seed=3, alpha=1.0)}
     alone = [run_args(tiny_train, tmp_path / "alone", name, **{"num_updates": 6, **kw}) for name, kw in runs.items()]
@@ -236,6 +238,7 @@ def grid(tiny_train, out_dir, pack):
     return halving.run_grid(spec)
 
 
+@pytest.mark.slow
 def test_grid_with_packs_equals_the_grid_without(tiny_train, tmp_path):
     one = grid(tiny_train, tmp_path / "one", 1)
     packed = grid(tiny_train, tmp_path / "packed", 3)  # a pack of 3 runs and a pack of 1

@@ -102,6 +102,7 @@ def tour1(tiny_train, tmp_path_factory):
     return tournament(tiny_train, out), out / "t"
 
 
+@pytest.mark.slow
 def test_cifar_tournament_costs_two_full_runs(tour1):
     res, folder = tour1
     assert json.loads((folder / "tournament.json").read_text()) == json.loads(json.dumps(res))
@@ -119,6 +120,7 @@ def test_cifar_tournament_costs_two_full_runs(tour1):
     assert res["config"]["train"]["estimator"] == "q+Z"
 
 
+@pytest.mark.slow
 def test_cifar_eliminations_follow_the_recorded_validation_means(tour1):
     res, folder = tour1
     alive = ["-2", "-1", "0", "1"]
@@ -139,6 +141,7 @@ def test_cifar_eliminations_follow_the_recorded_validation_means(tour1):
     assert winner["peak"] >= res["rounds"][-1]["scores"][res["winner"]]  # the peak includes the last node
 
 
+@pytest.mark.slow
 def test_survivor_continuation_equals_one_uninterrupted_run(tour1, tmp_path):
     res, folder = tour1
     arm = Path(res["arms"][res["winner"]]["replicates"][0]["run"])
@@ -165,6 +168,7 @@ def test_survivor_continuation_equals_one_uninterrupted_run(tour1, tmp_path):
             assert torch.equal(torch.as_tensor(sa[i][key]), torch.as_tensor(sb[i][key])), (i, key)
 
 
+@pytest.mark.slow
 def test_rerun_continues_and_other_settings_are_refused(tour1, tiny_train):
     res, folder = tour1
     stamp = (folder / "arms" / f"alpha-2__seed{halving.CIFAR_SEED}" / "metrics.jsonl").stat().st_mtime_ns
@@ -175,6 +179,7 @@ def test_rerun_continues_and_other_settings_are_refused(tour1, tiny_train):
         tournament(replace(tiny_train, learning_rate=1e-2), folder.parent)
 
 
+@pytest.mark.slow
 def test_exact_ties_in_a_live_tournament_keep_the_smaller_exponents(tiny_train, tmp_path):
     # learning rate 0: no arm moves, so every rung is an exact tie between all arms
     spec = halving.CifarTournament(
@@ -194,6 +199,7 @@ def test_exact_ties_in_a_live_tournament_keep_the_smaller_exponents(tiny_train, 
     assert res["cost"]["C"] == (3 * 2 + 2 * (4 - 2)) / 4
 
 
+@pytest.mark.slow
 def test_a_failing_arm_is_marked_failed_and_the_tournament_goes_on(tiny_train, tmp_path):
     # a corrupt checkpoint in one arm's run folder: its segment raises, the other arms go on
     bad = tmp_path / "f/arms" / f"alpha+1__seed{halving.CIFAR_SEED}"
@@ -215,6 +221,7 @@ def test_a_failing_arm_is_marked_failed_and_the_tournament_goes_on(tiny_train, t
     assert json.loads((tmp_path / "f/tournament.json").read_text())["failures"] == res["failures"]
 
 
+@pytest.mark.slow
 def test_cifar_grid_writes_the_per_run_peak_table(tiny_train, tmp_path):
     spec = halving.CifarGrid(
         alphas=(0.0, -1.0),
@@ -269,6 +276,7 @@ def own_numbers(folder: Path, budget: int):
     return max(vals.values()), vals.get(budget)
 
 
+@pytest.mark.slow
 def test_cifar_grid_over_targets_and_estimators(tiny_train, tmp_path):
     spec = halving.CifarGrid(
         targets=("x0", "v"),
@@ -340,6 +348,7 @@ def test_cifar_grid_over_targets_and_estimators(tiny_train, tmp_path):
         halving.run_grid(replace(spec, estimators=("q+a", "explicit")))
 
 
+@pytest.mark.slow
 def test_cifar_grid_over_schedules_etas_rules_and_scales_in_packs(tiny_train, tmp_path):
     spec = halving.CifarGrid(
         schedules=("-1:0.5:1:3",),
@@ -602,6 +611,7 @@ def write_cifar_run(folder, alpha, seed, values):
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+@pytest.mark.slow
 def test_run_folders_convert_to_curves_and_replay_prints_the_tables(tmp_path):
     runs = tmp_path / "runs"
     write_cifar_run(runs / "m1_s1", -1.0, 1, [0, 0.5, 0.6])

@@ -92,6 +92,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_tournament_on_a_local_ray_equals_the_in_process_run(local_ray, reference, tiny_train, tmp_path):
     res = tournament(tiny_train, tmp_path)
     assert res["run_info"]["executor"] == "ray" and res["run_info"]["num_cpus"] == 1
@@ -102,6 +103,7 @@ def test_tournament_on_a_local_ray_equals_the_in_process_run(local_ray, referenc
     assert all(len(v) == 1 and int(v[0][1]) != os.getpid() for v in segments.values())
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_retried_from_the_checkpoint_and_the_result_is_unchanged(
     local_ray, reference, tiny_train, tmp_path
 ):
@@ -123,6 +125,7 @@ def test_a_killed_worker_is_retried_from_the_checkpoint_and_the_result_is_unchan
     assert vals == [0, 2, 4, 6, 8]
 
 
+@pytest.mark.slow
 def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train, tmp_path):
     spec = halving.CifarTournament(
         alphas=(1.0, -1.0), rungs=(2, 4), out_dir=str(tmp_path), name="d", threads=1, max_retries=1, train=tiny_train
@@ -142,6 +145,7 @@ def test_an_arm_whose_worker_keeps_dying_is_marked_failed(local_ray, tiny_train,
     assert res["status"] == "finished" and res["arms"]["-1"]["replicates"][0]["trained"] == 4
 
 
+@pytest.mark.slow
 def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     train = replace(robot_fpo_fast.Args(), **{**TINY_ROBOT, "eval_every": 8}, total_timesteps=2048, env_threads=1)
     spec = halving.RobotGrid(alphas=(1.0, 0.5), seeds=(3, 4), out_dir=str(tmp_path), name="g", train=train)
@@ -172,6 +176,7 @@ def test_robot_grid_on_a_local_ray(local_ray, tmp_path):
     assert again["table"] == res["table"]
 
 
+@pytest.mark.slow
 def test_the_command_line_joins_a_running_ray_through_ray_address(local_ray, tiny_train, tmp_path):
     t = tiny_train
     flags = [
@@ -234,6 +239,7 @@ def test_the_command_line_joins_a_running_ray_through_ray_address(local_ray, tin
     assert ray.is_initialized()  # the command left the Ray it joined running
 
 
+@pytest.mark.slow
 def test_tournament_on_a_two_node_cluster_equals_the_in_process_run(reference, tiny_train, tmp_path):
     from ray.cluster_utils import Cluster
 

@@ -152,6 +152,7 @@ def test_evaluate_without_a_command_returns_the_same_plain_float(tmp_path):
     state.envs.close()
 
 
+@pytest.mark.slow
 def test_a_run_without_a_command_logs_what_it_did_before(tmp_path):
     args = tiny_args(tmp_path, objective="fpopp", num_updates=2, eval_every=1)
     R.main(replace(args, run_name="now"))
@@ -214,6 +215,7 @@ def test_tiny_spot_run_logs_tracking_errors_beside_eval_return(tmp_path):
     assert {"charts/eval_return", "charts/eval_track_lin", "charts/eval_track_yaw"} <= set(acc.Tags()["scalars"])
 
 
+@pytest.mark.slow
 def test_reward_scales_weigh_a_term_on_envpool_and_a_run_keeps_them(tmp_path):
     """--reward-scales on envpool's G1: action_rate weighted -0.01 (Go1's weight; G1's own is 0) lowers the first
     step's reward by 0.01 x 0.02 s x sum_j a_j^2 (the last actions start at 0: 29 joints at 0.5, 1.45e-3) and the
@@ -266,6 +268,7 @@ def test_the_fast_variant_evaluates_the_same_tracking_errors():
     state.envs.close()
 
 
+@pytest.mark.slow
 def test_the_playground_backend_gives_the_same_columns():
     """Go1 on the Playground backend (CPU JAX; the shape of tests/test_playground_env.py's Go1, so one compile serves
     both): the command columns equal the task's own command and the errors give its tracking rewards."""
@@ -294,6 +297,7 @@ def test_the_playground_backend_gives_the_same_columns():
 
 
 # ---------------------------------------------------------------------------- a checkpoint's live and EMA actors
+@pytest.mark.slow
 def test_checkpoint_rows_evaluate_the_live_actor_and_its_ema_copy(tmp_path):
     """benchmarks/legged_baselines.py --checkpoint: a checkpoint whose live actor outputs no velocity (last layer
     zeroed: from x0 = 0 it stands) and whose EMA copy is the untrained actor gives the standing row and the
@@ -323,6 +327,7 @@ def test_checkpoint_rows_evaluate_the_live_actor_and_its_ema_copy(tmp_path):
 
 
 # ---------------------------------------------------------------------------- where a return comes from
+@pytest.mark.slow
 def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     """legged_baselines.py --terms: each reward term summed over the first episodes (times the 0.02 s control step)
     adds up to the evaluation's return. A G1 at its home pose falls in every episode, so its termination term is
@@ -348,6 +353,7 @@ def test_reward_terms_add_up_to_the_return_and_count_first_episodes_only():
     assert 0 < standing["term_tracking_lin_vel"] < 1.0 * 0.02 * standing["eval_track_len"]  # exp(.) <= 1 a step
 
 
+@pytest.mark.slow
 def test_reward_terms_under_other_weights_add_the_new_term_and_change_nothing_else(monkeypatch, capsys):
     """legged_baselines.py --terms --reward-scales action_rate=-0.01 on G1 (whose own weight is 0 and whose steps are
     not clipped): the same episodes, so each row's return is the plain return plus the new term, which is 0 for the
@@ -371,6 +377,7 @@ def test_reward_terms_under_other_weights_add_the_new_term_and_change_nothing_el
     assert "error: --reward-scales 'action_rate=-x': write TERM=WEIGHT" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_reward_terms_add_up_on_a_task_that_clips_each_steps_reward_at_zero():
     """legged_baselines.py --terms on Go1, whose task clips each step's reward at 0: the terms and ``term_clip``
     (what the clip added) add up to the return; the untrained actor from random x0 makes negative steps that the
@@ -408,6 +415,7 @@ def test_first_episodes_count_each_environment_up_to_its_first_end_in_numpy_and_
 
 
 # ---------------------------------------------------------------------------- how wide the actions are
+@pytest.mark.slow
 def test_action_spread_of_a_known_sampler_and_of_an_untrained_flow():
     """legged_baselines.action_spread: a sampler x = 0.5 x0 + (the state's first columns) has a spread of 0.5 at
     each state and the states' own std across them; an untrained G1 actor keeps its noise (spread near 1) and
@@ -476,6 +484,7 @@ def test_action_change_counts_pairs_of_steps_inside_an_episode_only():
     assert out["act_step"] == pytest.approx(((1.0 + 1.0) / 4) ** 0.5)  # changes (0, 1) and (-1, 0)
 
 
+@pytest.mark.slow
 def test_response_rows_leave_the_evaluation_unchanged_and_see_a_standing_spot_ignore_its_command():
     """legged_baselines.py --response: the evaluation's numbers are those without it, and Spot at its home pose
     (it stays up, it does not move) follows no command: slope near 0, error near not moving's."""
@@ -531,6 +540,7 @@ def test_smoothed_actions_follow_the_filter_and_restart_from_zero_where_an_episo
     assert [g[:, 0].tolist() for g in got] == [[1.0, 1.0], [-2.0, -2.0]]
 
 
+@pytest.mark.slow
 def test_a_filtered_evaluation_records_the_smoothed_actions_and_a_bad_filter_is_one_line(tmp_path):
     """--action-filter on envpool's Spot: the untrained actor's actions, smoothed, change less from step to step
     than without it (its x0 = 0 actions are near constant, so the random-x0 row shows it), the row says the filter,

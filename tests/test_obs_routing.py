@@ -250,6 +250,7 @@ def test_spot_observations_are_the_pools_state_and_privileged_state():
     raw.close()
 
 
+@pytest.mark.slow
 @needs_envpool
 def test_spot_fpopp_end_to_end_on_the_cpu(tmp_path):
     """The fpopp-locomotion preset on Spot, tiny: 2 environments x 8 steps, 2 updates, small networks."""

@@ -144,6 +144,7 @@ def actions(n: int, d: int, seed: int) -> list[torch.Tensor]:
     return [torch.rand(4, d, generator=g) * 2 - 1 for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_shapes_and_dtypes(env):
     assert (env.obs_dim, env.act_dim) == (5, 1)  # cart position, pole cos/sin, two velocities; one force
     assert torch.equal(env.action_low, -torch.ones(1)) and torch.equal(env.action_high, torch.ones(1))
@@ -158,6 +159,7 @@ def test_shapes_and_dtypes(env):
     assert torch.isfinite(o).all() and torch.isfinite(r).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act", [torch.nn.SiLU, torch.nn.Tanh, torch.nn.ReLU])
 def test_scanned_rollouts_sampler_passes_the_setup_probe(env, act):
     """ScanRollout.sample (its JAX sampler through DLPack) equals FlowActor.sample for each activation it mirrors,
@@ -174,6 +176,7 @@ def test_scanned_rollouts_sampler_passes_the_setup_probe(env, act):
     assert check_sampler(scan.sample, actor, env.route.actor_dim, env.act_dim, 10, env.device, 1e-5) <= 1e-5
 
 
+@pytest.mark.slow
 def test_auto_reset_at_episode_length(env):
     first = env.reset(2).clone()
     ret = torch.zeros(4)
@@ -195,6 +198,7 @@ def test_auto_reset_at_episode_length(env):
             assert torch.equal(info["episode_length"], torch.full((4,), float(k % EPISODE + 1)))
 
 
+@pytest.mark.slow
 def test_random_start_spreads_the_first_episodes_ends_then_runs_full_episodes():
     # The official FPO++ runner's random initial episode lengths: each environment's first episode is cut at a
     # random step of the limit (drawn from the seed), every later one runs the whole limit.
@@ -230,6 +234,7 @@ def test_random_start_is_refused_off_playground():
         make_envs("InvertedPendulum-v5", 2, 0, "gymnasium", random_start=True)
 
 
+@pytest.mark.slow
 def test_dlpack_hand_over_matches_a_numpy_copy(env):
     import jax
     import jax.numpy as jnp
@@ -263,6 +268,7 @@ def test_dlpack_hand_over_matches_a_numpy_copy(env):
     assert np.array_equal(np.asarray(env.to_jax(src)), src.numpy())
 
 
+@pytest.mark.slow
 def test_same_shape_shares_compiled_step_but_not_state(env):
     from fpo_utils.playground_env import PlaygroundVecEnv
 
@@ -290,12 +296,14 @@ def warp_env():
     e.close()
 
 
+@pytest.mark.slow
 def test_physics_keys_the_compiled_functions(env, warp_env):
     assert (env.physics, warp_env.physics) == ("jax", "warp")
     assert env._key[:4] == warp_env._key[:4] and env._step_fn is not warp_env._step_fn
     assert warp_env.obs_dim == env.obs_dim and warp_env.act_dim == env.act_dim
 
 
+@pytest.mark.slow
 def test_warp_state_round_trips_and_other_physics_is_refused(env, warp_env):
     """A checkpoint's simulator state under MuJoCo Warp: saved mid-episode and loaded back, the environments
     continue exactly; an MJX state is refused by Warp environments (and the other way round) in one line."""
@@ -358,6 +366,7 @@ def physics_gap(task: str, steps: int, seed: int = 0) -> tuple[torch.Tensor, tor
     return (o1 - o2).abs().amax((1, 2)), (r1 - r2).abs().amax(1)
 
 
+@pytest.mark.slow
 @needs_warp_cpu
 def test_both_physics_give_the_same_cartpole():
     """CartpoleSwingup under MJX and under MuJoCo Warp, 4 environments, 200 random actions (the pole swings
@@ -368,6 +377,7 @@ def test_both_physics_give_the_same_cartpole():
     assert float(obs_gap.max()) < 1e-4 and float(rew_gap.max()) < 1e-4, (obs_gap.max(), rew_gap.max())
 
 
+@pytest.mark.slow
 @needs_warp_cpu
 def test_both_physics_give_the_same_walker_until_contacts_diverge():
     """WalkerRun (feet on the floor: contacts, 2 solver iterations) under both physics, 4 environments, 10 random
@@ -412,6 +422,7 @@ TINY_PLAYGROUND = dict(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_end_to_end_robot_fpo_on_playground(tmp_path, objective):
     """robot_fpo.py on the playground backend, tiny: 4 environments, 20-step episodes, 2 updates."""
@@ -446,6 +457,7 @@ def playground_args(tmp_path, **kw):
     return replace(R.Args(), **{**TINY_PLAYGROUND, **where, **kw})
 
 
+@pytest.mark.slow
 def test_episodes_run_on_across_checkpoints_unless_restarted(tmp_path):
     """20-step episodes, 16-step updates, a checkpoint every update: every environment ends its first episode
     in update 2 (its second in update 3) when episodes run on, none ever does when each update restarts them."""
@@ -459,6 +471,7 @@ def test_episodes_run_on_across_checkpoints_unless_restarted(tmp_path):
     assert [r["episodes"] for r in rows[1:]] == [0, 0, 0]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_environments_exactly(tmp_path):
     """Kill after update 3 (the checkpoint of update 2 kept), resume: the rows equal an uninterrupted run's,
     episodes running on through the resume (the checkpoint holds the simulator state and the observation)."""
@@ -503,6 +516,7 @@ def float32_matmul():
         pytest.param("fpo", "cuda", "warp", marks=needs_warp),
     ],
 )
+@pytest.mark.slow
 def test_scanned_rollout_matches_the_per_step_rollout(objective, device, physics, float32_matmul):
     """--scan-rollout: the rollout as one JAX scan (a JAX copy of the sampler) gives the per-step path's batch:
     observations, actions, rewards, episode ends and sums, old losses and advantages, over two rollouts with
@@ -598,6 +612,7 @@ def go1():
     e.close()
 
 
+@pytest.mark.slow
 def test_go1_observation_is_routed_state_then_privileged_state(go1):
     """The flat observation is ``state`` (48, the actor's) then ``privileged_state`` (123, the critic's): checked
     at the reset against Playground's own task reset with the same keys, and after steps against the
@@ -631,6 +646,7 @@ def test_go1_observation_is_routed_state_then_privileged_state(go1):
         assert torch.equal(o[:, 48:], torch.tensor(np.asarray(inner["privileged_state"])))
 
 
+@pytest.mark.slow
 def test_full_reset_redraws_the_command_and_keeps_the_ended_episodes_bookkeeping(go1):
     """An episode cut at the limit: with ``env_reset="first"`` (the ``go1`` fixture) the next one starts from the
     cached first state with the same command; with ``"full"`` from the task's reset, with a new command. Both
@@ -669,6 +685,7 @@ def test_full_reset_is_refused_off_playground():
         make_envs("InvertedPendulum-v5", 2, 0, "gymnasium", env_reset="full")
 
 
+@pytest.mark.slow
 def test_reward_scales_reach_the_playground_reward_and_leave_the_default_task_as_it_was(go1):
     """--reward-scales on Go1: every term weighted 0 but action_rate, weighted 1, leaves the reward
     clip(0.02 s x sum_j (a_j - last a_j)^2, 0, 1e4) (Playground's go1/joystick.py), a closed form of the actions:
@@ -708,6 +725,7 @@ def go1_args(tmp_path, presets=None, **kw):
     return replace((presets or R.PRESETS)["fpopp-locomotion"], **{**tiny, **kw})
 
 
+@pytest.mark.slow
 def test_go1_fpopp_locomotion_end_to_end(tmp_path, go1):
     """robot_fpo.main with the fpopp-locomotion preset on Go1: args.json records the routed keys, the actor reads
     ``state`` and the critic ``privileged_state``, and every update's losses are finite."""
@@ -728,6 +746,7 @@ def test_go1_fpopp_locomotion_end_to_end(tmp_path, go1):
     assert ckpt["envs"]["sim"]["task"] == GO1
 
 
+@pytest.mark.slow
 def test_go1_runs_with_full_resets_and_a_resume_may_not_switch_them_under_a_saved_state(tmp_path, go1):
     """--env-reset full end to end on Go1 (episodes of 5 steps, so every update restarts them): finite losses, the
     setting in args.json and in the checkpoint's environment state; a resume that switches back to first-state
@@ -755,6 +774,7 @@ def test_go1_runs_with_full_resets_and_a_resume_may_not_switch_them_under_a_save
     assert [r["update"] for r in read_jsonl(run / "metrics.jsonl")][-1] == 3
 
 
+@pytest.mark.slow
 def test_go1_scanned_rollout_matches_the_per_step_rollout(tmp_path, go1):
     """--scan-rollout on Go1 (FPO++ with --obs-stats update, which the scan needs): the JAX sampler reads the
     actor's columns and gives the per-step path's rollout."""
@@ -816,6 +836,7 @@ def test_missing_menagerie_is_one_line_and_never_cloned(monkeypatch, tmp_path):
         playground_env._mjx_task.cache_clear()
 
 
+@pytest.mark.slow
 def test_render_strip_of_a_trained_run_replays_its_evaluation(tmp_path, monkeypatch, capsys):
     """benchmarks/render_legged.py on a tiny CartpoleSwingup run: the recorded episode is robot_fpo.py's own
     evaluation (the same return), and the strip holds the chosen frames side by side. MuJoCo's renderer needs a GL

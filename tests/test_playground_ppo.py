@@ -55,6 +55,7 @@ def resumed(tmp_path_factory):
     return SimpleNamespace(run_dir=run_dir, first=first, at_stop=at_stop, second=second, rows=rows, third=third)
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_on_brax_schedule_and_a_finished_one_stays(resumed):
     assert P.ppo_config("CartpoleBalance").num_resets_per_eval == 10  # the schedule above assumes it
     assert "stopped after 1 evaluations" in resumed.first.stdout
@@ -73,6 +74,7 @@ def test_a_stopped_run_resumes_on_brax_schedule_and_a_finished_one_stays(resumed
     assert (resumed.run_dir / "metrics.jsonl").read_text() == resumed.rows
 
 
+@pytest.mark.slow
 def test_the_saved_policy_is_brax_deterministic_policy(resumed):
     import jax
     from brax.training.agents.ppo import networks as ppo_networks
@@ -100,6 +102,7 @@ def test_the_table_gives_each_tracking_term_a_step_over_its_weight(tmp_path):
     assert line == "| 10,485,760 | 12.35 | 400 | 0.600 | 0.500 |"
 
 
+@pytest.mark.slow
 def test_bad_settings_are_one_line_errors(tmp_path):
     for item, named in [("nope=1", "num_eval_envs"), ("num_envs=many", "num_envs"), ("learning_rate=inf", "finite")]:
         with pytest.raises(RunError, match=named):
@@ -114,6 +117,7 @@ def test_bad_settings_are_one_line_errors(tmp_path):
     assert out.returncode != 0 and "not a params.npz" in out.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_ppo_policy_whose_mean_is_zero_evaluates_as_standing_still(tmp_path):
     import jax
     from legged_baselines import baselines, ppo_rows
@@ -145,6 +149,7 @@ def test_a_ppo_policy_whose_mean_is_zero_evaluates_as_standing_still(tmp_path):
         ppo_rows("Go1JoystickFlatTerrain-v1", tmp_path / "params.npz", episodes=2, seed=0)
 
 
+@pytest.mark.slow
 def test_a_policy_of_dict_observations_reads_its_own_key_through_its_normaliser(tmp_path):
     # As G1's: the actor reads "state", the critic "privileged_state"; random weights and statistics, so that a
     # policy that skipped the normaliser or read the other key would act otherwise than Brax's.

@@ -378,6 +378,7 @@ def _cifar_folder():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cifar_folder() is None, reason="CIFAR-10 test split not available on this machine")
 def test_shipped_classifier_and_encoder_are_trained():
     import sys

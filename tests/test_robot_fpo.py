@@ -3,6 +3,7 @@ The fast variant (robot_fpo_fast.py) against it: tests/test_robot_fpo_fast.py.""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import math
@@ -399,6 +400,7 @@ def test_end_to_end_mujoco_fpo(tmp_path):
     assert all(np.isfinite(r[k]) for r in rows[1:] for k in ("pg_loss", "v_loss", "ratio_mean", "clipfrac", "sps"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_end_to_end_envpool_dm_control(tmp_path, objective):
     pytest.importorskip("envpool")
@@ -437,6 +439,7 @@ def read_rows(path):
     return read_jsonl(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
     # envpool cannot save its simulators' state, so a resumed run restarts its environments: with restarts
@@ -459,6 +462,7 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
     assert summary["status"] == "finished" and summary["updates_done"] == 4
 
 
+@pytest.mark.slow
 def test_resume_may_change_the_evaluation_cadence_and_training_is_unchanged(tmp_path):
     # Evaluations draw no training randomness: a run continued with evaluations every update trains exactly as
     # one evaluated every second update (restarts at update 2, where the first part checkpoints, as envpool needs).
@@ -478,6 +482,7 @@ def test_resume_may_change_the_evaluation_cadence_and_training_is_unchanged(tmp_
     assert all(r["eval_s"] > 0 for r in got if "eval_return" in r)
 
 
+@pytest.mark.slow
 def test_resume_may_drop_the_second_evaluation_and_the_rest_is_unchanged(tmp_path):
     # FPO++ evaluates from x0 = 0 and from random x0; a run continued with --no-eval-other evaluates from x0 = 0
     # alone, with the same eval_return, and trains exactly as before (evaluations draw no training randomness).
@@ -626,12 +631,13 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
     out = run_cli(tmp_path, "--env-id", "Walker2d-v9")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "Walker2d-v9" in out.stderr and "Walker2d-v5" in out.stderr  # close matches
-    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--num-envs", "0")
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "num_envs" in out.stderr, out.stderr
     out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--backend", "envpol")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "envpool" in out.stderr, out.stderr
-    out = run_cli(tmp_path, "--env-id", "InvertedPendulum-v5", "--random-start")  # envpool cannot start mid-episode
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--random-start needs the playground" in out.stderr
+    # the same checks in process (the command line turns each RunError into its one line, as above)
+    for kw, says in [({"num_envs": 0}, "num_envs"), ({"random_start": True}, "--random-start needs the playground")]:
+        with pytest.raises(RunError) as err:
+            R.main(tiny_args(tmp_path / "runs", env_id="InvertedPendulum-v5", **kw))
+        assert says in str(err.value) and "\n" not in str(err.value) and err.value.code == 2
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
@@ -651,8 +657,28 @@ def test_missing_backend_is_a_one_line_error(monkeypatch):
     with pytest.raises(RunError, match="playground"):
         E.make_envs("CartpoleSwingup", 2, 0, "playground")
     assert E.resolve_backend("InvertedPendulum-v5", "auto") == "gymnasium"  # auto falls back without envpool
+    for env_id in ("CartpoleSwingup-v1", "MuJoCoPlayground/Go1JoystickFlatTerrain-v1"):  # the README's examples
+        with pytest.raises(RunError) as err:
+            E.resolve_backend(env_id, "auto")
+        want = f"env id {env_id!r} runs on envpool, which is not installed: pip install -e '.[envpool]'"
+        assert str(err.value) == want
+    with pytest.raises(RunError, match="unknown env id 'CartpoleSwingup-v9'"):  # not an envpool id: the usual hint
+        E.resolve_backend("CartpoleSwingup-v9", "auto")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is None, reason="needs envpool to read its registry")
+def test_envpool_only_ids_are_what_envpool_has_and_gymnasium_lacks():
+    import gymnasium as gym
+
+    import fpo_utils.envs as E
+
+    only = {i for i in E.envpool_ids() if i not in gym.registry}
+    assert only <= E.ENVPOOL_ONLY_IDS and not E.ENVPOOL_ONLY_IDS & set(gym.registry)
+    if "G1JoystickFlatTerrain-v1" in only:  # with the Playground ports' asset wheels: every id, none more
+        assert only == E.ENVPOOL_ONLY_IDS
+
+
+@pytest.mark.slow
 def test_sigint_stops_at_a_checkpoint_and_resume_reproduces_the_run(tmp_path):
     import signal
 
@@ -713,6 +739,7 @@ def test_nonfinite_run_exits_3_through_the_cli(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "nonfinite"
 
 
+@pytest.mark.slow
 def test_actor_ema_copies_during_warmup_then_averages(tmp_path):
     args = tiny_args(tmp_path, objective="fpopp", actor_ema=0.9, ema_warmup=1, num_updates=2, eval_every=1)
     R.main(args)

@@ -303,6 +303,7 @@ def test_fast_main_writes_the_reference_run_folder(tmp_path):
     assert ckpts[0].keys() == ckpts[1].keys() and ckpts[0]["update"] == ckpts[1]["update"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["fpo", "fpopp"])
 def test_fast_kill_and_resume_reproduces_uninterrupted_run(tmp_path, objective):
     # As the reference's test: restarts at the checkpoints (every 2 updates), a kill after update 3 was logged.

@@ -379,6 +379,7 @@ def test_plot_refuses_a_folder_that_is_not_a_study(tmp_path):
     assert r.returncode != 0 and "neither runs/ nor peer/" in r.stderr
 
 
+@pytest.mark.slow
 def test_runs_collected_with_checkpoints_resume_on_another_machine(tmp_path):
     # A run stopped at update 2, collected with its checkpoint (CHECKPOINTS=1), restored into another study folder
     # and resumed there: with environment restarts at the checkpoints (every 2 updates) it logs exactly what the
@@ -529,6 +530,7 @@ def test_every_plan_line_parses_with_its_script(script, monkeypatch):
         assert done.value.code == 0 and len(seen) == 1, f"{plan} {name}: {argv}"
 
 
+@pytest.mark.slow
 def test_a_ppo_run_folder_travels_whole_beside_the_runs_with_checkpoints(tmp_path):
     # benchmarks/playground_ppo.py resumes from its run folder's params.npz; restore copies such a folder as it is,
     # and a folder with neither params.npz nor a checkpoint stays behind.

@@ -60,6 +60,7 @@ def one_line(proc):
     return err
 
 
+@pytest.mark.slow
 def test_robot_run_folder_is_not_overwritten_and_resume_checks_settings(tmp_path):
     first = robot(tmp_path, "--total-timesteps", "2048", "--run-name", "r")
     assert first.returncode == 0, first.stderr
@@ -81,6 +82,7 @@ def test_robot_run_folder_is_not_overwritten_and_resume_checks_settings(tmp_path
     assert json.loads((folder / "args.json").read_text())["total_timesteps"] == 4096
 
 
+@pytest.mark.slow
 def test_robot_truncated_checkpoint_is_a_bad_file_error(tmp_path):
     assert robot(tmp_path, "--total-timesteps", "1024", "--run-name", "r").returncode == 0
     ckpt = tmp_path / "runs" / "r" / "checkpoints" / "last.pt"
@@ -89,6 +91,7 @@ def test_robot_truncated_checkpoint_is_a_bad_file_error(tmp_path):
     assert proc.returncode == 4 and "last.pt" in one_line(proc)
 
 
+@pytest.mark.slow
 def test_default_robot_run_names_do_not_collide(tmp_path):
     runs = [("--alpha-eps", "1"), ("--alpha-eps", "0.5"), ("--objective", "fpopp", "--alpha", "0.5")]
     for flags in runs:
@@ -98,7 +101,7 @@ def test_default_robot_run_names_do_not_collide(tmp_path):
     assert len(names) == 3 and all("InvertedPendulum-v5" in n for n in names), names
 
 
-@pytest.mark.parametrize("trainer", ["robot", "cifar"])
+@pytest.mark.parametrize("trainer", [pytest.param("robot", marks=pytest.mark.slow), "cifar"])
 def test_unwritable_output_directory_is_one_line_and_exit_5(tmp_path, trainer):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the runs directory should be")
@@ -155,3 +158,30 @@ def test_missing_reward_weights_are_one_line_and_leave_no_folder(tmp_path):
     assert proc.returncode == 4
     assert str(tmp_path / "empty" / "cifar10-classifier.safetensors") in err and "FPO_WEIGHTS_DIR" in err
     assert not any((tmp_path / "runs").glob("*/checkpoints"))
+
+
+@pytest.mark.parametrize("trainer", ["robot", "cifar"])
+def test_resume_of_a_run_that_does_not_exist_is_exit_4_naming_the_runs_there(tmp_path, trainer):
+    name = "pendulum_s" if trainer == "robot" else "auto_s"
+    (tmp_path / "runs" / f"{name}1" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / f"{name}1" / "checkpoints" / "last.pt").write_bytes(b"")
+    if trainer == "robot":
+        proc = robot(tmp_path, "--total-timesteps", "512", "--run-name", f"{name}2", "--resume")
+    else:
+        cmd = [sys.executable, str(ROOT / "cifar_fpo.py"), "--preset", "quick", "--device", "cpu"]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [*cmd, "--resume", "--run-name", f"{name}2"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+    err = one_line(proc)
+    assert proc.returncode == 4 and f"runs/{name}2" in err and f"{name}1" in err and "--resume-or-start" in err
+    assert not (tmp_path / "runs" / f"{name}2").exists()
+
+
+@pytest.mark.slow
+def test_resume_or_start_starts_a_run_then_continues_it(tmp_path):
+    for budget in ("256", "512"):
+        proc = robot(tmp_path, "--total-timesteps", budget, "--run-name", "r", "--resume-or-start")
+        assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["global_step"] == 512, summary

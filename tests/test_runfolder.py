@@ -136,11 +136,56 @@ def test_fresh_start_clears_a_failed_start_and_a_failure_leaves_no_folder(tmp_pa
     # leftovers of a start killed with SIGKILL (no cleanup ran) are cleared by the next start
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "metrics.jsonl").write_text('{"kind": "calibration", "update": -1}\n')
-    with RunFolder(tmp_path, "r", {"a": 1}, resume=True) as rf:  # --resume without a checkpoint starts fresh
+    with RunFolder(tmp_path, "r", {"a": 1}, resume="or-start") as rf:  # no checkpoint: starts fresh
         assert not rf.resuming
         rf.log({"kind": "calibration", "update": -1}, step=0)
         rf.save_checkpoint({})
     assert len(read_jsonl(tmp_path / "r" / "metrics.jsonl")) == 1
+
+
+def test_resume_without_a_checkpoint_names_the_folder_and_the_runs_there(tmp_path):
+    for name in ("alpha-2__s1", "alpha0__s1", "edge"):
+        with RunFolder(tmp_path, name, {"a": 1}, resume=False) as rf:
+            rf.save_checkpoint({})
+    (tmp_path / "started-only").mkdir()  # a folder without a checkpoint is not offered
+    with pytest.raises(RunError) as err:
+        RunFolder(tmp_path, "alpha-2_s1", {"a": 1}, resume=True)  # a typo
+    msg = str(err.value)
+    assert err.value.code == EXIT_BAD_FILE and "\n" not in msg and str(tmp_path / "alpha-2_s1") in msg
+    assert msg.index("alpha-2__s1") < msg.index("alpha0__s1") and "edge" in msg and "started-only" not in msg
+    assert not (tmp_path / "alpha-2_s1").exists()  # nothing was started
+    with pytest.raises(RunError, match="no run there has a checkpoint"):
+        RunFolder(tmp_path / "empty", "r", {}, resume=True)
+    with RunFolder(tmp_path, "alpha0__s1", {"a": 1}, resume="or-start") as rf:  # or-start continues a checkpoint
+        assert rf.resuming
+
+
+def test_atomic_write_fsyncs_the_file_then_renames_then_fsyncs_the_folder(tmp_path, monkeypatch):
+    events, real_replace = [], os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(runfolder.os, "fsync", fsync)
+    monkeypatch.setattr(runfolder.os, "replace", replace)
+    target = tmp_path / "sub" / "state.pt"
+    runfolder.atomic_write(target, lambda tmp: tmp.write_bytes(b"new"))
+    assert target.read_bytes() == b"new" and not list(tmp_path.rglob("*.tmp"))
+    assert events == [("fsync", str(target) + ".tmp"), ("replace", str(target)), ("fsync", str(target.parent))]
+
+
+def test_kept_checkpoints_are_whole_copies(tmp_path):
+    with RunFolder(tmp_path, "r", {}, resume=False) as rf:
+        rf.save_checkpoint({"k": 1}, keep_as="update_000001.pt")
+        rf.save_checkpoint({"k": 2}, keep_as="update_000002.pt")
+        rf.save_checkpoint({"k": 3})
+    ckpts = tmp_path / "r" / "checkpoints"
+    loaded = {p.name: torch.load(p, weights_only=False)["k"] for p in ckpts.glob("*.pt")}
+    assert loaded == {"last.pt": 3, "update_000001.pt": 1, "update_000002.pt": 2}
 
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
@@ -285,3 +330,16 @@ def test_cli_presets_and_errors(capsys):
     with pytest.raises(SystemExit) as ex:
         cli(corrupt, Toy, argv=[])
     assert ex.value.code == EXIT_BAD_FILE and capsys.readouterr().err == "error: checkpoint x is unreadable\n"
+
+
+def test_track_sends_the_scalars_to_weights_and_biases_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="--track needs wandb (the track extra)")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with RunFolder(tmp_path / "runs", "tracked", {"alpha": 0.5}, resume=False, track=True) as rf:
+        rf.log({"update": 0, "reward": 0.25}, step=0)
+        rf.log({"update": 1, "reward": 0.5}, step=1)
+        assert rf._wandb is not None and rf._wandb.config["alpha"] == 0.5 and rf._wandb.name == "tracked"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), list((tmp_path / "wandb").rglob("*"))
