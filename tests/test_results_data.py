@@ -22,6 +22,17 @@ FETCH = "results_data.py fetch"  # the documented command every page that names 
 MAX_TREE_BYTES = 40_000_000
 
 
+def ignored_in_main(paths) -> set:
+    """The repository paths among `paths` that main's .gitignore ignores (whether or not they exist)."""
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin", "-z"],
+        input="\0".join(paths) + "\0",
+        capture_output=True,
+        text=True,
+    )
+    return {p for p in r.stdout.split("\0") if p}
+
+
 def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
 
@@ -74,13 +85,7 @@ def test_gitignore_ignores_the_raw_weights_and_not_the_shipped_ones():
         "benchmarks/pretrain_results/data/lease1/train_state.pt.00": True,
         "benchmarks/pretrain_results/README.md": False,
     }
-    r = subprocess.run(
-        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin", "-z"],
-        input="\0".join(paths) + "\0",
-        capture_output=True,
-        text=True,
-    )
-    ignored = {p for p in r.stdout.split("\0") if p}
+    ignored = ignored_in_main(paths)
     assert {p for p, raw in paths.items() if raw} == ignored
     assert all(results_data.is_raw(p) == raw for p, raw in paths.items())
 
@@ -90,13 +95,7 @@ def test_every_raw_file_is_ignored_in_main_and_nothing_else_is():
     # .gitignore and the script's RAW say the same thing: fetched files never show up as untracked, and no file
     # of the results-data tree that is ignored in main is left behind by fetch.
     paths = [p for p in git("ls-tree", "-r", "--name-only", "-z", COMMIT, "--", "benchmarks").split("\0") if p]
-    r = subprocess.run(
-        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin", "-z"],
-        input="\0".join(paths) + "\0",
-        capture_output=True,
-        text=True,
-    )
-    ignored = {p for p in r.stdout.split("\0") if p}
+    ignored = ignored_in_main(paths)
     raw = {p for p in paths if results_data.is_raw(p)}
     assert raw and raw == ignored, sorted(raw ^ ignored)[:10]
 
