@@ -23,9 +23,10 @@
 #                          unpacks.
 #                          WARP=0 leaves warp-lang out (--physics jax only).
 #   DIR/whl/ also holds, with DIFFUSERS=1: diffusers 0.42.1 for bench_cifar_update.py's peer modes (~6 MB) and what
-#                          it needs that the GPU image lacks (importlib-metadata) or may hold too old (huggingface-hub
-#                          2.4 with httpx2, safetensors 0.8, hf-xet, click): the versions tested together here. They
-#                          go first on OURS, so they shadow the image's own copies for the commands given OURS.
+#                          it needs that the GPU image lacks (importlib-metadata) or may hold too old (huggingface-hub,
+#                          safetensors 0.8, hf-xet, click). They go first on OURS, so they shadow the image's own
+#                          copies for the commands given OURS. huggingface-hub stays below 2: the image's peft and
+#                          transformers, which diffusers imports when they are there, refuse 2.x (seen on an H100).
 # ROBOT=0 stops after DIR/whl/ (no Playground, envpool, warp-lang or peer): all that scripts/pretrain_cfm.py and the
 # CIFAR benchmarks need (~2 MB, ~13 MB with DIFFUSERS=1).
 # There, from the repository root:  source benchmarks/gpu_setup.sh DIR   (sets OURS, PEERPATH)
@@ -40,8 +41,8 @@ get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-versio
 mkdir -p "$out/whl"
 get "$out/whl" tyro docstring-parser typeguard shtab pytest==9.2.0 "pluggy>=1.5" iniconfig
 if [ "${DIFFUSERS:-0}" != 0 ]; then
-  get "$out/whl" diffusers==0.42.1 importlib-metadata==10.2.0 zipp==4.1.2 huggingface-hub==2.4.0 httpx2==2.17.0 \
-    httpcore2==2.17.0 truststore==0.10.5 anyio==4.16.0 idna==3.21 h11==0.16.0 safetensors==0.8.0 hf-xet==1.8.0 click==8.5.1
+  get "$out/whl" diffusers==0.42.1 importlib-metadata==10.2.0 zipp==4.1.2 huggingface-hub==1.33.0 \
+    safetensors==0.8.0 hf-xet==1.8.0 click==8.5.1
 fi
 if [ "${ROBOT:-1}" = 0 ]; then du -sh "$out"; exit 0; fi
 bash "$here/playground_bundle.sh" "$out/pg" "$py"
