@@ -16,11 +16,19 @@
 #                         LEASE/run/train_state.pt
 #   start [FLAGS...]      pretrain_cfm.py --preset paper --state-format portable [--resume] FLAGS, detached (setsid
 #                         nohup), output appended to LEASE/run/train.log; --resume when LEASE/run holds a state
-#   wait SECONDS          sleep while the run lives, at most SECONDS; then whether it lives and the log's tail
+#   wait SECONDS [OUT]    sleep while the run lives, at most SECONDS; then whether it lives and the log's tail.
+#                         With OUT, then `hand OUT`: a lease whose machine is lost between calls keeps what came
+#   hand OUT [COUNT]      the next COUNT (3) parts of a rolling snapshot of the newest saved state, with the sum
+#                         file and the logs, into OUT; once all of a snapshot's parts are out, the next call takes
+#                         a new snapshot (if a newer state was saved). Three calls bring one whole snapshot home
 #   stop [SECONDS]        SIGTERM the run (it saves its finished steps, exit 130) and wait for it (default 300 s)
 #   give OUT FIRST COUNT  FIRST=0 snapshots LEASE/run/train_state.pt in PART_BYTES (16,000,000) parts with
 #                         train_state.sha256; copy parts FIRST..FIRST+COUNT-1 (COUNT <= 4), the sum file,
 #                         quality.jsonl, train_summary.json and train.log to OUT
+# Here, after the calls:
+#   collect DEST DIR...   from the calls' files (DIR, in call order), the newest snapshot whose parts all came
+#                         back, checked against its sums, into DEST with the last call's quality.jsonl,
+#                         train_summary.json and train.log (DEST is what `carry DIR DEST` takes next lease)
 # PYTHON (default python3) runs pip and the trainer.
 set -euo pipefail
 shopt -s nullglob
@@ -41,6 +49,39 @@ report() {
   elif [ -f "$L/rc" ]; then echo "exited $(cat "$L/rc")"
   else echo "no run started"; fi
   if [ -f "$L/run/train.log" ]; then tail -n "${TAIL:-20}" "$L/run/train.log"; fi
+}
+snapshot() {  # a hard link keeps this state even when the run saves a new one over the name
+  [ -f "$L/run/train_state.pt" ] || die "no state in $L/run"
+  rm -rf "$L/give"
+  mkdir -p "$L/give"
+  ln "$L/run/train_state.pt" "$L/give/train_state.pt"
+  (cd "$L/give" && split -b "$part_bytes" -d -a 2 train_state.pt train_state.pt.)
+  (cd "$L/give" && sha256sum train_state.pt train_state.pt.[0-9]* >train_state.sha256)
+  : >"$L/give/handed"
+  if alive; then echo "note: the run is going; these parts are its state saved $(date -r "$L/give/train_state.pt")"; fi
+}
+logs() {  # OUT: the run's small files beside the parts
+  for f in quality.jsonl train_summary.json; do if [ -f "$L/run/$f" ]; then cp "$L/run/$f" "$1/"; fi; done
+  if [ -f "$L/run/train.log" ]; then tail -c 2000000 "$L/run/train.log" >"$1/train.log"; fi
+}
+hand() {  # OUT COUNT: the rolling snapshot's next parts
+  local out=$1 count=$2 g=$L/give parts todo=() p
+  if [ ! -f "$g/handed" ] || { [ "$(wc -l <"$g/handed")" -ge "$(ls "$g"/train_state.pt.[0-9]* | wc -l)" ] &&
+    [ -f "$L/run/train_state.pt" ] && ! [ "$L/run/train_state.pt" -ef "$g/train_state.pt" ]; }; then
+    [ -f "$L/run/train_state.pt" ] || { echo "hand: no state saved yet"; return 0; }
+    snapshot
+  fi
+  parts=("$g"/train_state.pt.[0-9]*)
+  for p in "${parts[@]}"; do
+    grep -qx "$(basename "$p")" "$g/handed" || todo+=("$p")
+  done
+  mkdir -p "$out"
+  logs "$out"
+  if [ ${#todo[@]} -eq 0 ]; then echo "hand: all ${#parts[@]} parts of the newest snapshot are out"; return 0; fi
+  todo=("${todo[@]:0:count}")
+  cp "${todo[@]}" "$g/train_state.sha256" "$out/"
+  for p in "${todo[@]}"; do basename "$p" >>"$g/handed"; done
+  echo "hand: $(wc -l <"$g/handed") of ${#parts[@]} parts of the snapshot of $(date -r "$g/train_state.pt" +%T) out"
 }
 cmd=${1:-}; [ $# -gt 0 ] && shift
 case $cmd in
@@ -132,7 +173,10 @@ start)
 wait)
   end=$((SECONDS + ${1:?usage: wait SECONDS}))
   while alive && [ $SECONDS -lt "$end" ]; do sleep 2; done
-  report ;;
+  report
+  if [ $# -ge 2 ]; then hand "$2" 3; fi ;;
+hand)
+  hand "${1:?usage: hand OUT [COUNT]}" "${2:-3}" ;;
 stop)
   end=$((SECONDS + ${1:-300}))
   if alive; then kill -TERM "$(cat "$L/pid")"; fi
@@ -143,26 +187,49 @@ give)
   out=$1; first=$2; count=$3
   [ "$count" -ge 1 ] && [ "$count" -le 4 ] || die "COUNT $count must be 1..4 (a call brings back 8 files, 64 MiB)"
   g=$L/give
-  if [ "$first" = 0 ]; then  # a hard link keeps this state even when the run saves a new one over the name
-    [ -f "$L/run/train_state.pt" ] || die "no state in $L/run"
-    rm -rf "$g"
-    mkdir -p "$g"
-    ln "$L/run/train_state.pt" "$g/train_state.pt"
-    (cd "$g" && split -b "$part_bytes" -d -a 2 train_state.pt train_state.pt.)
-    (cd "$g" && sha256sum train_state.pt train_state.pt.[0-9]* >train_state.sha256)
-    if alive; then echo "note: the run is going; these parts are its state saved $(date -r "$g/train_state.pt")"; fi
-  fi
+  if [ "$first" = 0 ]; then snapshot; fi
   [ -f "$g/train_state.sha256" ] || die "give FIRST=0 first: it takes the snapshot the other parts come from"
   parts=("$g"/train_state.pt.[0-9]*)
   mkdir -p "$out"
   last=$((first + count < ${#parts[@]} ? first + count : ${#parts[@]}))
   [ "$first" -lt "$last" ] || die "FIRST $first: the state has ${#parts[@]} parts (0..$((${#parts[@]} - 1)))"
   cp "${parts[@]:first:last-first}" "$g/train_state.sha256" "$out/"
-  for f in quality.jsonl train_summary.json; do if [ -f "$L/run/$f" ]; then cp "$L/run/$f" "$out/"; fi; done
-  if [ -f "$L/run/train.log" ]; then tail -c 2000000 "$L/run/train.log" >"$out/train.log"; fi
+  logs "$out"
   echo "give: parts $first..$((last - 1)) of ${#parts[@]} (0..$((${#parts[@]} - 1))) in $out" ;;
+collect)
+  dest=${1:?usage: collect DEST DIR...}; shift; [ $# -ge 1 ] || die "usage: collect DEST DIR..."
+  best=""; declare -A where=()
+  for d in "$@"; do  # each part file by snapshot (the whole file's sum) and name; later calls win
+    [ -f "$d/train_state.sha256" ] || continue
+    sum=$(awk '$2 == "train_state.pt" {print $1}' "$d/train_state.sha256")
+    where[$sum/sums]=$d/train_state.sha256
+    for p in "$d"/train_state.pt.[0-9]*; do where[$sum/$(basename "$p")]=$p; done
+  done
+  for d in "$@"; do  # the newest snapshot (by the last call holding one of its parts) that came back whole
+    [ -f "$d/train_state.sha256" ] || continue
+    sum=$(awk '$2 == "train_state.pt" {print $1}' "$d/train_state.sha256"); whole=1
+    for n in $(awk '$2 ~ /^train_state\.pt\.[0-9]/ {print $2}' "$d/train_state.sha256"); do
+      [ -n "${where[$sum/$n]:-}" ] || whole=0
+    done
+    [ "$whole" = 1 ] && best=$sum
+  done
+  [ -n "$best" ] || die "no snapshot came back whole in $*"
+  mkdir -p "$dest"
+  rm -f "$dest"/train_state.pt.[0-9]*
+  cp "${where[$best/sums]}" "$dest/train_state.sha256"
+  for n in $(awk '$2 ~ /^train_state\.pt\.[0-9]/ {print $2}' "$dest/train_state.sha256"); do
+    cp "${where[$best/$n]}" "$dest/"
+  done
+  chmod u+w "$dest"/*
+  sums_ok "$dest" train_state.sha256 --ignore-missing || die "collect: a part in $dest does not match its sum"
+  [ "$(cat "$dest"/train_state.pt.[0-9]* | sha256sum | cut -d' ' -f1)" = "$best" ] ||
+    die "collect: the joined parts do not match the whole file's sum"
+  last=${*: -1}
+  for f in quality.jsonl train_summary.json train.log; do if [ -f "$last/$f" ]; then cp "$last/$f" "$dest/"; fi; done
+  chmod u+w "$dest"/*
+  echo "collect: snapshot ${best:0:12} whole in $dest ($(cat "$dest"/train_state.pt.[0-9]* | wc -c) bytes)" ;;
 *)
-  echo "usage: $0 carry DIR [STATE] | data FOLDER | restore FOLDER | start [FLAGS...] | wait SECONDS |" \
-    "stop [SECONDS] | give OUT FIRST COUNT" >&2
+  echo "usage: $0 carry DIR [STATE] | data FOLDER | restore FOLDER | start [FLAGS...] | wait SECONDS [OUT] |" \
+    "hand OUT [COUNT] | stop [SECONDS] | give OUT FIRST COUNT | collect DEST DIR..." >&2
   exit 2 ;;
 esac

@@ -351,3 +351,23 @@ def test_montage_diversity_cuts_each_panels_nine_images_back_out_of_the_jpeg(tmp
             assert np.abs(centre - c[8 * (k // 3) + k % 3]).max() < 16, (key, k)
     assert md.cut(montage, boxes[("mixed", "alpha+1")]) == []  # the panel of a run without a grid
     assert "Spearman 1.000" in md.calibration_text([(0.1, 0.1), (0.2, 0.25), (0.4, 0.5)])[0]
+
+
+def test_pretrain_step_benchmark_quick_times_a_step_and_its_network(tmp_path, monkeypatch):
+    import bench_pretrain_step
+    import torch
+
+    out = tmp_path / "step.json"
+    monkeypatch.setattr(sys, "argv", ["bench_pretrain_step.py", "--quick", "--json", str(out)])
+    bench_pretrain_step.main()
+    rows = json.loads(out.read_text())
+    assert rows["device"] == "cpu" and rows["preset"] == "small"
+    (row,) = rows["rows"]
+    assert row["variant"] == "eager+fused" and row["step_ms"] > 0 and row["network_ms"] > 0
+    assert row["rest_ms"] == pytest.approx(row["step_ms"] - row["network_ms"], abs=0.02)
+    assert row["steps_per_s"] == pytest.approx(1000 / row["step_ms"], rel=0.01)
+    if not torch.cuda.is_available():  # without --quick a CPU gets one line naming what is missing
+        monkeypatch.setattr(sys, "argv", ["bench_pretrain_step.py"])
+        with pytest.raises(SystemExit) as e:
+            bench_pretrain_step.main()
+        assert "needs a CUDA GPU" in str(e.value) and "\n" not in str(e.value)

@@ -372,6 +372,36 @@ def test_lease_give_carry_data_restore_round_trip(tmp_path):
     assert "damaged" in r.stderr
 
 
+def test_lease_hand_rolls_snapshots_and_collect_keeps_the_newest_whole_one(tmp_path):
+    """`hand` gives a rolling snapshot's parts call by call; `collect` keeps the newest snapshot that came whole."""
+    run = tmp_path / "m" / "run"
+    run.mkdir(parents=True)
+    env = {"LEASE": tmp_path / "m", "PART_BYTES": "1000"}
+    rng = np.random.default_rng(1)
+    states = [rng.integers(0, 256, 4500, dtype=np.uint8).tobytes() for _ in range(3)]  # 5 parts each
+
+    def save(blob: bytes) -> None:  # the trainer's atomic rename
+        (run / "train_state.pt.tmp").write_bytes(blob)
+        os.replace(run / "train_state.pt.tmp", run / "train_state.pt")
+
+    assert "no state saved yet" in lease("hand", tmp_path / "c0", env=env).stdout
+    calls = []
+    for i, blob in enumerate([states[0], None, states[1], None, None, states[2]]):  # None: no new save
+        if blob is not None:
+            save(blob)
+        calls.append(tmp_path / f"c{i + 1}")
+        lease("hand", calls[-1], 2, env=env)
+    # calls 1-3 hand state 0 (2 + 2 + 1 parts); call 4 starts state 1's snapshot; call 6 finishes it
+    assert sorted(p.name for p in calls[2].glob("train_state.pt.*")) == ["train_state.pt.04"]
+    dest = tmp_path / "lease1"
+    assert "whole" in lease("collect", dest, *calls[:5], env=env).stdout
+    assert b"".join(p.read_bytes() for p in sorted(dest.glob("train_state.pt.*"))) == states[0]  # state 1 not whole
+    lease("collect", dest, *calls, env=env)
+    assert b"".join(p.read_bytes() for p in sorted(dest.glob("train_state.pt.*"))) == states[1]
+    r = lease("collect", tmp_path / "none", calls[4], env=env, ok=False)
+    assert "no snapshot came back whole" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_lease_start_wait_stop_a_detached_run(tmp_path):
     fake = tmp_path / "python"  # stands in for the trainer: prints its arguments, saves and exits 130 on SIGTERM
     fake.write_text('#!/bin/bash\necho "args: $*"\ntrap "echo saved; exit 130" TERM\nwhile true; do sleep 0.1; done\n')
